@@ -1,0 +1,95 @@
+"""Enumerations of the public API. Values are the wire strings."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ClusterType(StrEnum):
+    KUBERNETES = "kubernetes"
+    SLURM = "slurm"
+
+
+class BillingType(StrEnum):
+    RESERVED = "reserved"
+    ON_DEMAND = "on_demand"
+    SCHEDULED_CAPACITY = "scheduled_capacity"
+
+
+class ClusterStatus(StrEnum):
+    """Cluster state machine (see docs/architecture.md).
+
+    queued -> waiting_for_control_plane -> waiting_for_volume -> waiting_for_nodes
+    -> running_acceptance_tests -> ready <-> degraded; any -> deleting -> deleted;
+    failed when the cluster cannot become ready.
+    """
+
+    QUEUED = "queued"
+    WAITING_FOR_CONTROL_PLANE = "waiting_for_control_plane"
+    WAITING_FOR_VOLUME = "waiting_for_volume"
+    WAITING_FOR_NODES = "waiting_for_nodes"
+    RUNNING_ACCEPTANCE_TESTS = "running_acceptance_tests"
+    READY = "ready"
+    DEGRADED = "degraded"
+    PAUSED = "paused"
+    FAILED = "failed"
+    DELETING = "deleting"
+    DELETED = "deleted"
+
+
+class NodePhase(StrEnum):
+    """Node state machine.
+
+    pending -> scheduling -> booting -> bootstrapping -> running;
+    running/any -> draining -> releasing -> deleted; failed on a permanent error.
+    """
+
+    PENDING = "pending"
+    SCHEDULING = "scheduling"
+    BOOTING = "booting"
+    BOOTSTRAPPING = "bootstrapping"
+    RUNNING = "running"
+    DRAINING = "draining"
+    RELEASING = "releasing"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+class ComputeClass(StrEnum):
+    STANDARD = "standard"
+    PREEMPTIBLE = "preemptible"
+
+
+class VolumeStatus(StrEnum):
+    PROVISIONING = "provisioning"
+    AVAILABLE = "available"
+    BOUND = "bound"
+    DELETING = "deleting"
+    DELETED = "deleted"
+
+
+class ProjectRole(StrEnum):
+    """Project roles (contract section 9): admins create, scale and delete;
+    editors use what exists (read, SSH, kubectl, jobs, volume data)."""
+
+    ADMIN = "admin"
+    EDITOR = "editor"
+
+
+class HostState(StrEnum):
+    AVAILABLE = "available"
+    CORDONED = "cordoned"
+
+
+class EventReason(StrEnum):
+    """Node lifecycle event reasons (contract section 1)."""
+
+    SCALED_UP = "ScaledUp"
+    SCALED_DOWN = "ScaledDown"
+    NODE_ADDED = "NodeAdded"
+    NODE_FAILED = "NodeFailed"
+    PREEMPTION_NOTIFIED = "PreemptionNotified"
+    PREEMPTED = "Preempted"
+
+
+GPUS_PER_NODE = 8

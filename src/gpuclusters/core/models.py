@@ -1,0 +1,320 @@
+"""Public API models (``/v1``), shared by the server and the typed client.
+
+Request models validate their own input and say which rule failed; the server
+turns a failed validation into ``{code: invalid_input, message, field}``.
+Response models are what ``--output json`` prints.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpuclusters.core.enums import (
+    GPUS_PER_NODE,
+    BillingType,
+    ClusterStatus,
+    ClusterType,
+    ComputeClass,
+    HostState,
+    NodePhase,
+    ProjectRole,
+    VolumeStatus,
+)
+
+API_VERSION = "v1"
+
+_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+NAME_RULE = (
+    "must be 1-40 characters of lowercase letters, digits and '-', "
+    "start with a letter and not end with '-'"
+)
+
+
+def check_name(value: str) -> str:
+    """Names become hostnames and Kubernetes/Slurm identifiers: DNS labels."""
+    if not _NAME_RE.match(value):
+        raise ValueError(NAME_RULE)
+    return value
+
+
+def check_gpu_count(value: int, *, minimum: int) -> int:
+    if value < minimum:
+        raise ValueError(f"must be at least {minimum}, got {value}")
+    if value % GPUS_PER_NODE:
+        raise ValueError(
+            f"must be a multiple of {GPUS_PER_NODE} (one node = {GPUS_PER_NODE} GPUs), got {value}"
+        )
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+Name = Annotated[str, Field(min_length=1, max_length=40)]
+
+
+# --- errors -------------------------------------------------------------------
+
+
+class ErrorBody(_Out):
+    code: str
+    message: str
+    field: str | None = None
+
+
+# --- catalog ------------------------------------------------------------------
+
+
+class GpuType(_Out):
+    name: str
+    memory_gib: int
+    gpus_per_node: int = GPUS_PER_NODE
+    total_hosts: int
+    free_hosts: int
+
+
+class Region(_Out):
+    name: str
+    gpu_types: list[str]
+    total_hosts: int
+
+
+class Host(_Out):
+    name: str
+    region: str
+    gpu_type: str
+    num_gpus: int
+    nvme_gib: int
+    ib_island: str
+    state: HostState
+    node: str | None = None
+    cluster: str | None = None
+
+
+# --- tenancy ------------------------------------------------------------------
+
+
+class ProjectCreate(_Model):
+    name: Name
+    description: str = Field(default="", max_length=500)
+
+    _name = field_validator("name")(check_name)
+
+
+class Project(_Out):
+    name: str
+    description: str
+    role: ProjectRole | None = None
+    created_at: datetime
+
+
+class ApiKeyCreate(_Model):
+    """Issue a key for a user (created if new) with a role in a project."""
+
+    user: Name
+    project: Name
+    role: ProjectRole = ProjectRole.EDITOR
+
+    _user = field_validator("user")(check_name)
+
+
+class ApiKeyCreated(_Out):
+    user: str
+    project: str
+    role: ProjectRole
+    key: str
+    key_prefix: str
+
+
+class WhoAmI(_Out):
+    user: str
+    organization: str
+    is_admin: bool
+    projects: dict[str, ProjectRole]
+
+
+# --- volumes ------------------------------------------------------------------
+
+
+class VolumeCreate(_Model):
+    name: Name
+    size_tib: int = Field(default=1, description="whole TiB, at least 1")
+    region: str | None = None
+    is_lifecycle_independent: bool = True
+
+    _name = field_validator("name")(check_name)
+
+    @field_validator("size_tib")
+    @classmethod
+    def _size(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be a whole number of TiB, at least 1, got {v}")
+        return v
+
+
+class VolumeUpdate(_Model):
+    size_tib: int
+
+    @field_validator("size_tib")
+    @classmethod
+    def _size(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be a whole number of TiB, at least 1, got {v}")
+        return v
+
+
+class Volume(_Out):
+    name: str
+    project: str
+    region: str
+    size_tib: int
+    status: VolumeStatus
+    is_lifecycle_independent: bool
+    cluster: str | None = None
+    created_at: datetime
+    deleted_at: datetime | None = None
+
+
+# --- clusters -----------------------------------------------------------------
+
+
+class ClusterCreate(_Model):
+    name: Name
+    cluster_type: ClusterType
+    gpu_type: str = "H100_SXM"
+    num_gpus: int
+    num_preemptible_gpus: int = 0
+    region: str | None = None
+    billing_type: BillingType = BillingType.ON_DEMAND
+    reservation_start: datetime | None = None
+    reservation_end: datetime | None = None
+    volume: str | None = Field(default=None, description="attach an existing volume by name")
+    volume_size_tib: int | None = Field(default=None, description="create a new volume")
+    cuda_version: str | None = None
+    driver_version: str | None = None
+
+    _name = field_validator("name")(check_name)
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _gpus(cls, v: int) -> int:
+        return check_gpu_count(v, minimum=GPUS_PER_NODE)
+
+    @field_validator("num_preemptible_gpus")
+    @classmethod
+    def _pgpus(cls, v: int) -> int:
+        return check_gpu_count(v, minimum=0)
+
+    @field_validator("volume_size_tib")
+    @classmethod
+    def _vsize(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be a whole number of TiB, at least 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.volume is not None and self.volume_size_tib is not None:
+            raise ValueError("volume: give either an existing volume or volume_size_tib, not both")
+        if self.billing_type in (BillingType.RESERVED, BillingType.SCHEDULED_CAPACITY):
+            if self.reservation_start is None or self.reservation_end is None:
+                raise ValueError(
+                    f"reservation_end: billing_type {self.billing_type.value} needs "
+                    "reservation_start and reservation_end"
+                )
+            if self.reservation_end <= self.reservation_start:
+                raise ValueError("reservation_end: must be after reservation_start")
+            if self.billing_type is BillingType.RESERVED:
+                days = (self.reservation_end - self.reservation_start).total_seconds() / 86400
+                if days < 1 or days > 90:
+                    raise ValueError(
+                        f"reservation_end: a reservation lasts 1 to 90 days, got {days:.1f}"
+                    )
+        elif self.reservation_start is not None or self.reservation_end is not None:
+            raise ValueError(
+                "reservation_start: only reserved and scheduled_capacity clusters have a reservation"
+            )
+        return self
+
+
+class ClusterUpdate(_Model):
+    """Scale and extend. Every field is optional; absent fields are unchanged."""
+
+    num_gpus: int | None = None
+    num_preemptible_gpus: int | None = None
+    reservation_end: datetime | None = None
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _gpus(cls, v: int | None) -> int | None:
+        return None if v is None else check_gpu_count(v, minimum=GPUS_PER_NODE)
+
+    @field_validator("num_preemptible_gpus")
+    @classmethod
+    def _pgpus(cls, v: int | None) -> int | None:
+        return None if v is None else check_gpu_count(v, minimum=0)
+
+
+class PhaseTransition(_Out):
+    phase: str
+    timestamp: datetime
+    message: str = ""
+
+
+class Node(_Out):
+    name: str
+    cluster: str
+    host: str | None
+    compute_class: ComputeClass
+    phase: NodePhase
+    gpu_type: str
+    num_gpus: int = GPUS_PER_NODE
+    cordoned: bool = False
+    message: str = ""
+    created_at: datetime
+    ready_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+
+class Cluster(_Out):
+    name: str
+    project: str
+    cluster_type: ClusterType
+    gpu_type: str
+    region: str
+    num_gpus: int
+    num_preemptible_gpus: int
+    desired_preemptible_gpus: int
+    allocated_preemptible_gpus: int
+    billing_type: BillingType
+    reservation_start: datetime | None = None
+    reservation_end: datetime | None = None
+    status: ClusterStatus
+    status_message: str = ""
+    volume: str | None = None
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    phase_history: list[PhaseTransition]
+    nodes: list[Node]
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None = None
+
+
+class NodeEvent(_Out):
+    node: str
+    cluster: str
+    reason: str
+    message: str
+    timestamp: datetime
+    first_timestamp: datetime
+    count: int
