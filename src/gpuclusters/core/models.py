@@ -241,7 +241,8 @@ class ClusterCreate(_Model):
                     )
         elif self.reservation_start is not None or self.reservation_end is not None:
             raise ValueError(
-                "reservation_start: only reserved and scheduled_capacity clusters have a reservation"
+                "reservation_start: only reserved and scheduled_capacity clusters "
+                "have a reservation"
             )
         return self
 

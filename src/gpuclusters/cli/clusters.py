@@ -1,0 +1,302 @@
+"""``gpuclusters clusters ...``: create, list, get, scale, delete.
+
+Request bodies are built as plain dicts and validated by the server, so the
+CLI shows exactly the API's ``invalid_input`` messages and never drifts from
+the server's rules. ``--wait`` polls through :meth:`ClustersAPI.wait` with a
+:class:`~gpuclusters.cli.progress.WaitProgress` on stderr, then prints the
+final object on stdout; a failed cluster exits with status 1.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from gpuclusters.cli import context
+from gpuclusters.cli.context import OutputFormat, OutputOpt, ProjectOpt, api_command, open_client
+from gpuclusters.cli.nodes import nodes_table
+from gpuclusters.cli.progress import WaitProgress
+from gpuclusters.cli.render import (
+    age,
+    clock,
+    details,
+    emit,
+    live_nodes,
+    node_summary,
+    optional,
+    print_json,
+    state,
+    table,
+)
+from gpuclusters.core.enums import BillingType, ClusterType, NodePhase
+from gpuclusters.core.models import Cluster
+
+app = typer.Typer(help="Create, inspect, scale and delete clusters.", no_args_is_help=True)
+
+
+class Billing(StrEnum):
+    ON_DEMAND = "on-demand"
+    RESERVED = "reserved"
+    SCHEDULED = "scheduled"
+
+
+BILLING_TYPES = {
+    Billing.ON_DEMAND: BillingType.ON_DEMAND,
+    Billing.RESERVED: BillingType.RESERVED,
+    Billing.SCHEDULED: BillingType.SCHEDULED_CAPACITY,
+}
+
+WaitTimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--wait-timeout", min=0, show_default=False, help="give up waiting after SECONDS"),
+]
+
+
+def clusters_table(clusters: list[Cluster]) -> RenderableType:
+    t = table("NAME", "TYPE", "GPU_TYPE", "GPUS", "PREEMPTIBLE", "STATUS", "NODES", "AGE")
+    for c in clusters:
+        live = live_nodes(c.nodes)
+        running = sum(1 for n in live if n.phase is NodePhase.RUNNING)
+        t.add_row(
+            c.name,
+            c.cluster_type.value,
+            c.gpu_type,
+            str(c.num_gpus),
+            f"{c.allocated_preemptible_gpus}/{c.desired_preemptible_gpus}",
+            state(c.status),
+            f"{running}/{len(live)}",
+            age(c.created_at),
+        )
+    return t
+
+
+def cluster_detail(c: Cluster) -> RenderableType:
+    status = state(c.status)
+    if c.status_message:
+        status.append(f"  {c.status_message}", style="")
+    reservation = (
+        f"{clock(c.reservation_start)} .. {clock(c.reservation_end)}"
+        if c.reservation_start and c.reservation_end
+        else "-"
+    )
+    info = details(
+        [
+            ("name", c.name),
+            ("project", c.project),
+            ("type", c.cluster_type.value),
+            ("status", status),
+            ("region", c.region),
+            ("gpu type", c.gpu_type),
+            ("gpus", str(c.num_gpus)),
+            (
+                "preemptible gpus",
+                f"{c.allocated_preemptible_gpus} allocated / {c.desired_preemptible_gpus} "
+                f"desired (requested {c.num_preemptible_gpus})",
+            ),
+            ("billing", c.billing_type.value),
+            ("reservation", reservation),
+            ("volume", optional(c.volume)),
+            ("cuda / driver", f"{optional(c.cuda_version)} / {optional(c.driver_version)}"),
+            ("nodes", node_summary(c.nodes)),
+            ("created", f"{clock(c.created_at)} ({age(c.created_at)} ago)"),
+        ]
+    )
+    parts: list[RenderableType] = [info]
+    if c.phase_history:
+        phases = table("TIME", "PHASE", "MESSAGE")
+        for p in c.phase_history:
+            phases.add_row(clock(p.timestamp), p.phase, p.message)
+        parts += [Text(""), Text("Phases", style="bold"), phases]
+    if c.nodes:
+        parts += [Text(""), Text("Nodes", style="bold"), nodes_table(c.nodes)]
+    return Group(*parts)
+
+
+def _show(output: OutputFormat, cluster: Cluster) -> None:
+    emit(output, cluster, lambda: cluster_detail(cluster))
+
+
+@app.command("create")
+@api_command
+def create(
+    name: Annotated[str, typer.Argument(help="cluster name: a DNS label")],
+    cluster_type: Annotated[
+        ClusterType, typer.Option("--type", case_sensitive=False, help="cluster flavour")
+    ],
+    gpus: Annotated[int, typer.Option("--gpus", help="standard GPUs, a multiple of 8")],
+    gpu_type: Annotated[str, typer.Option("--gpu-type")] = "H100_SXM",
+    preemptible_gpus: Annotated[
+        int, typer.Option("--preemptible-gpus", help="extra preemptible GPUs, a multiple of 8")
+    ] = 0,
+    billing: Annotated[Billing, typer.Option("--billing", case_sensitive=False)] = (
+        Billing.ON_DEMAND
+    ),
+    reservation_start: Annotated[
+        str | None, typer.Option("--reservation-start", help="ISO 8601 time", show_default=False)
+    ] = None,
+    reservation_end: Annotated[
+        str | None, typer.Option("--reservation-end", help="ISO 8601 time", show_default=False)
+    ] = None,
+    region: Annotated[
+        str | None,
+        typer.Option("--region", help="region (default: the server's)", show_default=False),
+    ] = None,
+    volume: Annotated[
+        str | None,
+        typer.Option("--volume", help="attach this existing volume", show_default=False),
+    ] = None,
+    volume_size_tib: Annotated[
+        int | None,
+        typer.Option("--volume-size-tib", help="create a new volume of N TiB", show_default=False),
+    ] = None,
+    cuda_version: Annotated[str | None, typer.Option("--cuda-version", show_default=False)] = None,
+    driver_version: Annotated[
+        str | None, typer.Option("--driver-version", show_default=False)
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="wait until ready (or failed)")] = False,
+    wait_timeout: WaitTimeoutOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Create a cluster (and optionally wait until it is ready)."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "cluster_type": cluster_type.value,
+        "gpu_type": gpu_type,
+        "num_gpus": gpus,
+        "num_preemptible_gpus": preemptible_gpus,
+        "billing_type": BILLING_TYPES[billing].value,
+    }
+    optional_fields = {
+        "reservation_start": reservation_start,
+        "reservation_end": reservation_end,
+        "region": region,
+        "volume": volume,
+        "volume_size_tib": volume_size_tib,
+        "cuda_version": cuda_version,
+        "driver_version": driver_version,
+    }
+    spec.update({k: v for k, v in optional_fields.items() if v is not None})
+    with open_client(project) as client:
+        cluster = client.clusters.create(spec)
+        if wait:
+            with WaitProgress(name, goal="ready") as progress:
+                progress.update(cluster)
+                cluster = client.clusters.wait(
+                    name,
+                    until="ready",
+                    on_change=progress.update,
+                    timeout=wait_timeout,
+                    interval=context.POLL_INTERVAL_S,
+                )
+                progress.done(
+                    f"cluster {name} is {cluster.status.value}: {node_summary(cluster.nodes)}"
+                )
+    _show(output, cluster)
+
+
+@app.command("list")
+@api_command
+def list_(project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """List the project's clusters."""
+    with open_client(project) as client:
+        clusters = client.clusters.list()
+        emit(
+            output,
+            clusters,
+            lambda: clusters_table(clusters),
+            empty=f"no clusters in project {client.project}",
+        )
+
+
+@app.command("get")
+@api_command
+def get(
+    name: Annotated[str, typer.Argument()],
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Show one cluster with its phase history and nodes."""
+    with open_client(project) as client:
+        cluster = client.clusters.get(name)
+    _show(output, cluster)
+
+
+@app.command("scale")
+@api_command
+def scale(
+    name: Annotated[str, typer.Argument()],
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="new standard GPU count", show_default=False)
+    ] = None,
+    preemptible_gpus: Annotated[
+        int | None,
+        typer.Option("--preemptible-gpus", help="new preemptible GPU count", show_default=False),
+    ] = None,
+    reservation_end: Annotated[
+        str | None,
+        typer.Option(
+            "--reservation-end", help="extend a reservation (ISO 8601)", show_default=False
+        ),
+    ] = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Change a cluster's GPU counts (or extend its reservation)."""
+    changes: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "num_gpus": gpus,
+            "num_preemptible_gpus": preemptible_gpus,
+            "reservation_end": reservation_end,
+        }.items()
+        if v is not None
+    }
+    if not changes:
+        raise typer.BadParameter(
+            "give at least one of --gpus, --preemptible-gpus, --reservation-end"
+        )
+    with open_client(project) as client:
+        cluster = client.clusters.update(name, changes)
+    _show(output, cluster)
+
+
+@app.command("delete")
+@api_command
+def delete(
+    name: Annotated[str, typer.Argument()],
+    delete_volume: Annotated[
+        bool, typer.Option("--delete-volume", help="also delete the cluster's volume")
+    ] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="wait until it is gone")] = False,
+    wait_timeout: WaitTimeoutOpt = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="accepted for scripts; delete never prompts")
+    ] = False,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Delete a cluster (never prompts)."""
+    del yes  # deletion is always non-interactive
+    with open_client(project) as client:
+        cluster = client.clusters.delete(name, delete_volume=delete_volume)
+        if not wait:
+            _show(output, cluster)
+            return
+        with WaitProgress(name, goal="deleted") as progress:
+            progress.update(cluster)
+            last = client.clusters.wait(
+                name,
+                until="deleted",
+                on_change=progress.update,
+                timeout=wait_timeout,
+                interval=context.POLL_INTERVAL_S,
+            )
+            progress.done(f"cluster {name} is deleted")
+    if output is OutputFormat.JSON:
+        # The last state the API reported before it answered 404.
+        print_json(last or cluster)

@@ -1,0 +1,54 @@
+"""Entry point of the ``gpuclusters`` console script: assembles the command tree.
+
+Sub-apps come from one module per resource group; ``events``, ``whoami`` and
+``server`` are top-level commands. Pretty exceptions never show local
+variables (they could include an API key).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpuclusters import __version__
+from gpuclusters.cli import clusters, nodes, org, server, volumes
+
+app = typer.Typer(
+    name="gpuclusters",
+    help="Self-hostable GPU clusters: create, scale and watch clusters of 8-GPU nodes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(clusters.app, name="clusters")
+app.add_typer(nodes.app, name="nodes")
+app.command("events")(nodes.events)
+app.add_typer(volumes.app, name="volumes")
+app.add_typer(org.hosts_app, name="hosts")
+app.add_typer(org.projects_app, name="projects")
+app.add_typer(org.api_keys_app, name="api-keys")
+app.add_typer(org.gpu_types_app, name="gpu-types")
+app.add_typer(org.regions_app, name="regions")
+app.command("whoami")(org.whoami)
+app.command("server")(server.server)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuclusters {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """Self-hostable GPU clusters: create, scale and watch clusters of 8-GPU nodes."""
+
+
+def main() -> None:
+    app()

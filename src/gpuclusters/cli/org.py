@@ -1,0 +1,177 @@
+"""Organization-level commands: projects, api-keys, hosts, gpu-types, regions, whoami.
+
+None of these is project-scoped, so none takes ``--project`` (``api-keys
+create`` names its project explicitly). ``api-keys create`` prints the new
+secret on stdout, which is the only time the server ever reveals it, and
+says so on stderr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+from rich.console import RenderableType
+from rich.text import Text
+
+from gpuclusters.cli.context import (
+    OutputFormat,
+    OutputOpt,
+    api_command,
+    open_client,
+    stderr_console,
+)
+from gpuclusters.cli.render import age, details, emit, optional, table
+from gpuclusters.core.enums import HostState, ProjectRole
+from gpuclusters.core.models import ApiKeyCreated, GpuType, Host, Project, Region, WhoAmI
+
+projects_app = typer.Typer(help="Projects you belong to.", no_args_is_help=True)
+api_keys_app = typer.Typer(help="Issue API keys.", no_args_is_help=True)
+hosts_app = typer.Typer(help="The fleet of hosts (org admins).", no_args_is_help=True)
+gpu_types_app = typer.Typer(help="GPU types on offer.", no_args_is_help=True)
+regions_app = typer.Typer(help="Regions.", no_args_is_help=True)
+
+
+def projects_table(projects: Sequence[Project]) -> RenderableType:
+    t = table("NAME", "ROLE", "DESCRIPTION", "AGE")
+    for p in projects:
+        t.add_row(p.name, optional(p.role), p.description, age(p.created_at))
+    return t
+
+
+def hosts_table(hosts: Sequence[Host]) -> RenderableType:
+    t = table(
+        "NAME", "REGION", "GPU_TYPE", "GPUS", "NVME_GIB", "IB_ISLAND", "STATE", "CLUSTER", "NODE"
+    )
+    for h in hosts:
+        t.add_row(
+            h.name,
+            h.region,
+            h.gpu_type,
+            str(h.num_gpus),
+            str(h.nvme_gib),
+            h.ib_island,
+            Text(h.state.value, style="yellow" if h.state is HostState.CORDONED else ""),
+            optional(h.cluster),
+            optional(h.node),
+        )
+    return t
+
+
+def gpu_types_table(types: Sequence[GpuType]) -> RenderableType:
+    t = table("NAME", "MEMORY_GIB", "GPUS_PER_NODE", "FREE_HOSTS", "TOTAL_HOSTS")
+    for g in types:
+        t.add_row(
+            g.name, str(g.memory_gib), str(g.gpus_per_node), str(g.free_hosts), str(g.total_hosts)
+        )
+    return t
+
+
+def regions_table(regions: Sequence[Region]) -> RenderableType:
+    t = table("NAME", "GPU_TYPES", "HOSTS")
+    for r in regions:
+        t.add_row(r.name, ", ".join(r.gpu_types), str(r.total_hosts))
+    return t
+
+
+def whoami_view(me: WhoAmI, *, url: str) -> RenderableType:
+    projects = ", ".join(f"{name} ({role.value})" for name, role in sorted(me.projects.items()))
+    return details(
+        [
+            ("user", me.user),
+            ("organization", me.organization),
+            ("org admin", "yes" if me.is_admin else "no"),
+            ("projects", projects or "-"),
+            ("server", url),
+        ]
+    )
+
+
+def api_key_view(created: ApiKeyCreated) -> RenderableType:
+    return details(
+        [
+            ("user", created.user),
+            ("project", created.project),
+            ("role", created.role.value),
+            ("key", Text(created.key, style="bold")),
+        ]
+    )
+
+
+@projects_app.command("list")
+@api_command
+def projects_list(output: OutputOpt = OutputFormat.TABLE) -> None:
+    """List the projects you are a member of."""
+    with open_client() as client:
+        projects = client.projects.list()
+    emit(output, projects, lambda: projects_table(projects), empty="no projects")
+
+
+@projects_app.command("create")
+@api_command
+def projects_create(
+    name: Annotated[str, typer.Argument(help="project name: a DNS label")],
+    description: Annotated[str, typer.Option("--description", "-d")] = "",
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Create a project (org admins); you become its admin."""
+    with open_client() as client:
+        project = client.projects.create({"name": name, "description": description})
+    emit(output, project, lambda: projects_table([project]))
+
+
+@api_keys_app.command("create")
+@api_command
+def api_keys_create(
+    user: Annotated[str, typer.Option("--user", help="user name (created if new)")],
+    project: Annotated[str, typer.Option("--project", "-p", help="project the key acts in")],
+    role: Annotated[ProjectRole, typer.Option("--role", case_sensitive=False)] = (
+        ProjectRole.EDITOR
+    ),
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Issue an API key for a user in a project. The key is shown only once."""
+    with open_client() as client:
+        created = client.api_keys.create({"user": user, "project": project, "role": role.value})
+    emit(output, created, lambda: api_key_view(created))
+    stderr_console().print(
+        "This key is shown only once; store it now (for example as GPUCLUSTERS_API_KEY).",
+        style="yellow",
+    )
+
+
+@hosts_app.command("list")
+@api_command
+def hosts_list(output: OutputOpt = OutputFormat.TABLE) -> None:
+    """List the fleet's hosts and what runs on them."""
+    with open_client() as client:
+        hosts = client.hosts.list()
+    emit(output, hosts, lambda: hosts_table(hosts), empty="no hosts")
+
+
+@gpu_types_app.command("list")
+@api_command
+def gpu_types_list(output: OutputOpt = OutputFormat.TABLE) -> None:
+    """List GPU types and free capacity."""
+    with open_client() as client:
+        types = client.gpu_types.list()
+    emit(output, types, lambda: gpu_types_table(types), empty="no GPU types")
+
+
+@regions_app.command("list")
+@api_command
+def regions_list(output: OutputOpt = OutputFormat.TABLE) -> None:
+    """List regions."""
+    with open_client() as client:
+        regions = client.regions.list()
+    emit(output, regions, lambda: regions_table(regions), empty="no regions")
+
+
+@api_command
+def whoami(output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Show who the configured API key belongs to."""
+    with open_client() as client:
+        me = client.whoami()
+        url = client.url
+    emit(output, me, lambda: whoami_view(me, url=url))

@@ -1,0 +1,63 @@
+"""``gpuclusters server``: run the API server in the foreground.
+
+The CLI must not import the server package (import-linter layers), so the
+server module is loaded lazily here, at run time: this command is the one
+entry point from the CLI into the server. Options left unset are passed as
+``None`` so that the server's own settings (and their defaults: 127.0.0.1,
+8470, fake) decide.
+"""
+
+from __future__ import annotations
+
+import importlib
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from gpuclusters.cli.context import api_command
+
+SERVER_MODULE = "gpuclusters.server.main"
+
+
+class Provider(StrEnum):
+    FAKE = "fake"
+    NETNS = "netns"
+
+
+@api_command
+def server(
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            envvar="GPUCLUSTERS_HOST",
+            show_default=False,
+            help="address to listen on (default: 127.0.0.1)",
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            envvar="GPUCLUSTERS_PORT",
+            min=1,
+            max=65535,
+            show_default=False,
+            help="port to listen on (default: 8470)",
+        ),
+    ] = None,
+    provider: Annotated[
+        Provider | None,
+        typer.Option(
+            "--provider",
+            envvar="GPUCLUSTERS_PROVIDER",
+            case_sensitive=False,
+            show_default=False,
+            help="where nodes run (default: fake)",
+        ),
+    ] = None,
+) -> None:
+    """Run the gpuclusters API server (and its controllers) in the foreground."""
+    module = importlib.import_module(SERVER_MODULE)
+    module.run(host=host, port=port, provider=provider.value if provider is not None else None)

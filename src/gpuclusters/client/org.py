@@ -1,0 +1,69 @@
+"""Organization-level groups: projects, API keys, hosts and the catalog.
+
+These paths are not under ``/v1/projects/{project}``, so they ignore the
+client's project.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from typing import Any
+
+from gpuclusters.client._session import Session, body_of
+from gpuclusters.core.models import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    GpuType,
+    Host,
+    Project,
+    ProjectCreate,
+    Region,
+)
+
+
+class ProjectsAPI:
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def list(self) -> builtins.list[Project]:
+        """The caller's projects."""
+        return self._s.get_list("/v1/projects", Project)
+
+    def create(self, spec: ProjectCreate | Mapping[str, Any]) -> Project:
+        """Org admins only; the caller becomes the project's admin."""
+        return self._s.send("POST", "/v1/projects", Project, json=body_of(spec))
+
+
+class ApiKeysAPI:
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def create(self, spec: ApiKeyCreate | Mapping[str, Any]) -> ApiKeyCreated:
+        """Issue a key; ``ApiKeyCreated.key`` is the only time the secret is shown."""
+        return self._s.send("POST", "/v1/api-keys", ApiKeyCreated, json=body_of(spec))
+
+
+class HostsAPI:
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def list(self) -> builtins.list[Host]:
+        """The fleet (org admins only)."""
+        return self._s.get_list("/v1/hosts", Host)
+
+
+class GpuTypesAPI:
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def list(self) -> builtins.list[GpuType]:
+        return self._s.get_list("/v1/gpu-types", GpuType)
+
+
+class RegionsAPI:
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def list(self) -> builtins.list[Region]:
+        return self._s.get_list("/v1/regions", Region)

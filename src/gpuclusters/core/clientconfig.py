@@ -1,0 +1,115 @@
+"""The client configuration file: ``$GPUCLUSTERS_HOME/config.toml``.
+
+This is the one file the server and the client share: the server writes it on
+first start (URL and the bootstrap admin key), the CLI and SDK read it. It
+lives in ``core`` because import-linter forbids the server from importing
+``gpuclusters.client``; it holds only the file format, nothing about HTTP.
+
+Format (all keys optional; unknown keys are ignored so newer files stay
+readable)::
+
+    url = "http://127.0.0.1:8470"
+    api_key = "gpc_..."
+    project = "default"
+
+The file holds a secret, so it is written with mode 0600: a temporary file is
+created with 0600 in the same directory, filled, fsynced and then renamed over
+the old one, so a reader never sees a partial file or a moment with looser
+permissions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+
+from gpuclusters.core.errors import GpuClustersError
+
+ENV_HOME = "GPUCLUSTERS_HOME"
+CONFIG_FILE_NAME = "config.toml"
+DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_PROJECT = "default"
+
+_KEYS = ("url", "api_key", "project")
+
+
+class ClientConfigError(GpuClustersError):
+    """The client configuration file cannot be read or is malformed."""
+
+    code = "invalid_config"
+
+
+@dataclass(frozen=True)
+class StoredConfig:
+    """What the file says; ``None`` for each key it does not set."""
+
+    url: str | None = None
+    api_key: str | None = None
+    project: str | None = None
+
+
+def default_home(environ: Mapping[str, str] | None = None) -> Path:
+    """``$GPUCLUSTERS_HOME``, or ``~/.gpuclusters`` when unset or empty."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_HOME, "")
+    return Path(value).expanduser() if value else Path.home() / ".gpuclusters"
+
+
+def config_path(home: Path) -> Path:
+    return home / CONFIG_FILE_NAME
+
+
+def read_config(home: Path) -> StoredConfig:
+    """Read ``home/config.toml``; a missing file is an empty configuration."""
+    path = config_path(home)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return StoredConfig()
+    except OSError as exc:
+        raise ClientConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ClientConfigError(f"{path} is not valid TOML: {exc}") from exc
+    values: dict[str, str | None] = {}
+    for key in _KEYS:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ClientConfigError(
+                f"{path}: {key} must be a string, got {type(value).__name__}", field=key
+            )
+        values[key] = value or None
+    return StoredConfig(url=values["url"], api_key=values["api_key"], project=values["project"])
+
+
+def write_config(home: Path, *, url: str, api_key: str, project: str = DEFAULT_PROJECT) -> Path:
+    """Write ``home/config.toml`` atomically with mode 0600 and return its path.
+
+    ``home`` is created (mode 0700) when missing. An existing file is replaced.
+    """
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = config_path(home)
+    content = tomli_w.dumps({"url": url, "api_key": api_key, "project": project})
+    # mkstemp creates the file with 0600 already; fchmod makes that explicit
+    # and independent of the platform's default.
+    fd, tmp_name = tempfile.mkstemp(dir=home, prefix=".config.", suffix=".toml.tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    return path

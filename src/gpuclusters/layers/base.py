@@ -1,0 +1,77 @@
+"""The cluster-layer contract.
+
+A layer turns a set of nodes into a usable cluster. Like providers, every
+method is idempotent: the control plane may call it again after a crash.
+``drain`` is called repeatedly until it answers True (no workload left) or the
+caller's deadline passes; it never blocks for long.
+
+Layers raise ``LayerError`` for transient failures (retry later) and
+``PermanentLayerError`` when retrying cannot help.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+
+
+class LayerError(Exception):
+    """A transient layer failure; retry later."""
+
+
+class PermanentLayerError(LayerError):
+    """A layer failure that retrying cannot fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRef:
+    cluster_id: str
+    name: str
+    cluster_type: str
+    gpu_type: str
+    volume_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    node_id: str
+    name: str
+    host: str
+    compute_class: str
+
+
+class ClusterLayer(ABC):
+    @abstractmethod
+    async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
+        """Start (or confirm) the cluster's control plane; True once it is up."""
+
+    @abstractmethod
+    async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        """Register the node with the orchestrator; True once it is schedulable."""
+
+    @abstractmethod
+    async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
+        """Stop new work landing on the node."""
+
+    @abstractmethod
+    async def drain(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        """Ask workloads on the node to leave; True when none is left."""
+
+    @abstractmethod
+    async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        """Whether a user or admin cordoned/drained the node (targeted scale-down)."""
+
+    @abstractmethod
+    async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
+        """Forget the node; a node that is not registered is not an error."""
+
+    @abstractmethod
+    async def delete(self, cluster: ClusterRef) -> None:
+        """Stop the control plane and forget the cluster; idempotent."""
+
+    @abstractmethod
+    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
+        """A kubeconfig for this user."""

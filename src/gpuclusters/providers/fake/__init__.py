@@ -1,0 +1,1 @@
+"""The in-process fake provider: bookkeeping only, for tests and scale work."""

@@ -1,0 +1,162 @@
+"""The FastAPI application factory.
+
+The lifespan builds the ``Runtime``: migrates the database, builds the
+provider and syncs the fleet, bootstraps the first admin (writing the CLI's
+config file), frees leases of dead predecessors, removes orphaned provider
+instances, then starts the reconcilers. On shutdown it stops them and waits
+for in-flight steps, so nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import Counter, Histogram
+
+from gpuclusters import __version__
+from gpuclusters.core.clientconfig import read_config, write_config
+from gpuclusters.core.models import API_VERSION
+from gpuclusters.providers.registry import ProviderOptions, make_provider
+from gpuclusters.providers.volumes import VolumeStore
+from gpuclusters.server import errors
+from gpuclusters.server.controllers.base import ControllerContext, Reconciler
+from gpuclusters.server.controllers.clusters import ClusterReconciler
+from gpuclusters.server.controllers.housekeeping import collect_orphans, run_housekeeping
+from gpuclusters.server.controllers.leases import make_owner, release_dead_owners
+from gpuclusters.server.controllers.nodes import NodeReconciler
+from gpuclusters.server.controllers.volumes import VolumeReconciler
+from gpuclusters.server.db.engine import make_engine, make_sessionmaker
+from gpuclusters.server.db.migrate import upgrade_to_head
+from gpuclusters.server.routers import catalog, clusters, system, volumes
+from gpuclusters.server.runtime import Runtime, layers_for_provider
+from gpuclusters.server.services import tenancy
+from gpuclusters.server.services.catalog import sync_hosts
+from gpuclusters.server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter(
+    "gpuclusters_http_requests_total", "HTTP requests", ["method", "route", "status"]
+)
+LATENCY = Histogram("gpuclusters_http_request_seconds", "HTTP request latency", ["method", "route"])
+
+
+async def _bootstrap_config(rt: Runtime) -> None:
+    """First start: create the admin and write its key; later starts only
+    refresh the URL (the port may have changed) in an existing config."""
+    async with rt.sessionmaker() as session:
+        key = await tenancy.bootstrap(session)
+    home = rt.settings.home
+    if key is not None:
+        path = write_config(home, url=rt.settings.public_url, api_key=key)
+        log.info("created the admin user; its API key is in %s", path)
+        return
+    stored = read_config(home)
+    if stored.api_key and stored.url != rt.settings.public_url:
+        write_config(
+            home,
+            url=rt.settings.public_url,
+            api_key=stored.api_key,
+            project=stored.project or tenancy.DEFAULT_PROJECT,
+        )
+
+
+async def build_runtime(settings: Settings) -> Runtime:
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    engine = make_engine(settings.sqlalchemy_url)
+    await upgrade_to_head(engine)
+    provider = make_provider(
+        settings.provider,
+        ProviderOptions(
+            home=settings.home,
+            fleet_file=settings.fleet_file,
+            fake_boot_delay_s=settings.fake_boot_delay_s,
+            fake_fail_hosts=frozenset(settings.fake_fail_hosts),
+        ),
+    )
+    rt = Runtime(
+        settings=settings,
+        engine=engine,
+        sessionmaker=make_sessionmaker(engine),
+        provider=provider,
+        volumes=VolumeStore(settings.home / "volumes"),
+        layers=layers_for_provider(provider),
+    )
+    async with rt.sessionmaker() as session:
+        await sync_hosts(session, await provider.hosts())
+    await _bootstrap_config(rt)
+    return rt
+
+
+def make_reconcilers(rt: Runtime) -> list[Reconciler]:
+    ctx = ControllerContext(
+        sessionmaker=rt.sessionmaker,
+        hints=rt.hints,
+        owner=make_owner(),
+        lease_ttl_s=rt.settings.lease_ttl_s,
+        interval_s=rt.settings.reconcile_interval_s,
+        concurrency=rt.settings.controller_concurrency,
+    )
+    return [ClusterReconciler(ctx, rt), NodeReconciler(ctx, rt), VolumeReconciler(ctx, rt)]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        rt = await build_runtime(settings)
+        async with rt.sessionmaker() as session:
+            freed = await release_dead_owners(session)
+        if freed:
+            log.info("freed %d lease(s) held by a previous server process", freed)
+        await collect_orphans(rt)
+        reconcilers = make_reconcilers(rt)
+        for r in reconcilers:
+            r.start()
+        housekeeping = asyncio.create_task(run_housekeeping(rt), name="housekeeping")
+        app.state.runtime = rt
+        app.state.reconcilers = reconcilers
+        log.info(
+            "gpuclusters %s serving on %s (provider %s)",
+            __version__,
+            settings.public_url,
+            settings.provider,
+        )
+        try:
+            yield
+        finally:
+            housekeeping.cancel()
+            await asyncio.gather(housekeeping, return_exceptions=True)
+            await asyncio.gather(*(r.stop() for r in reconcilers))
+            await rt.provider.close()
+            await rt.engine.dispose()
+
+    app = FastAPI(
+        title="gpuclusters",
+        version=__version__,
+        description=f"Self-hostable GPU clusters. Public API version {API_VERSION}.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+
+    @app.middleware("http")
+    async def _metrics(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        REQUESTS.labels(request.method, path, str(response.status_code)).inc()
+        LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
+        return response
+
+    for router in (system.router, catalog.router, clusters.router, volumes.router):
+        app.include_router(router)
+    return app

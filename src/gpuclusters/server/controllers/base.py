@@ -1,0 +1,134 @@
+"""The reconciler loop shared by every controller.
+
+One loop per reconciler: wait for a hint or the poll interval, list the rows
+that need work, claim each free one with a lease and run ``reconcile`` on it
+in its own task (at most ``concurrency`` at once, one task per row). Errors
+are logged and retried with a per-row backoff; a lost lease just ends the
+task. ``stop`` cancels the loop and waits for running tasks, so shutdown
+never leaves a half-written step (every step is idempotent anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Histogram
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpuclusters.server.controllers import leases
+from gpuclusters.server.controllers.hints import Hints
+
+log = logging.getLogger(__name__)
+
+STEPS = Counter("gpuclusters_reconcile_steps_total", "Reconcile runs", ["controller", "result"])
+STEP_SECONDS = Histogram("gpuclusters_reconcile_seconds", "Reconcile run time", ["controller"])
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerContext:
+    sessionmaker: async_sessionmaker[AsyncSession]
+    hints: Hints
+    owner: str
+    lease_ttl_s: float
+    interval_s: float
+    concurrency: int
+
+
+class Reconciler(ABC):
+    name: str
+    model: leases.LeasedModel
+
+    def __init__(self, ctx: ControllerContext) -> None:
+        self.ctx = ctx
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._sem = asyncio.Semaphore(ctx.concurrency)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @abstractmethod
+    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+        """Ids of rows that need work now."""
+
+    @abstractmethod
+    async def reconcile(self, row_id: str, token: str) -> bool:
+        """Advance one row; return True if it changed (look again soon)."""
+
+    # -- loop ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._guarded_loop(), name=f"reconciler-{self.name}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+
+    async def _guarded_loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self._loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must outlive any bug in one pass
+                log.exception("reconciler %s: loop crashed; restarting in 1s", self.name)
+                await asyncio.sleep(1)
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            await self.run_once()
+            await self.ctx.hints.wait(self.name, self.ctx.interval_s)
+
+    async def run_once(self) -> None:
+        """One pass: claim and start work on every candidate row."""
+        async with self.ctx.sessionmaker() as session:
+            ids = await self.candidates(session)
+        now = time.monotonic()
+        for row_id in ids:
+            if row_id in self._inflight or self._retry_at.get(row_id, 0) > now:
+                continue
+            async with self.ctx.sessionmaker() as session:
+                token = await leases.claim(
+                    session, self.model, row_id, owner=self.ctx.owner, ttl_s=self.ctx.lease_ttl_s
+                )
+            if token is None:
+                continue
+            self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
+
+    async def _work(self, row_id: str, token: str) -> None:
+        changed = False
+        try:
+            async with self._sem:
+                with STEP_SECONDS.labels(self.name).time():
+                    changed = await self.reconcile(row_id, token)
+            STEPS.labels(self.name, "ok").inc()
+            self._failures.pop(row_id, None)
+            self._retry_at.pop(row_id, None)
+        except leases.LeaseLost:
+            STEPS.labels(self.name, "lease_lost").inc()
+        except Exception:
+            STEPS.labels(self.name, "error").inc()
+            n = self._failures[row_id] = self._failures.get(row_id, 0) + 1
+            delay = min(60.0, 0.5 * 2**n)
+            self._retry_at[row_id] = time.monotonic() + delay
+            log.exception(
+                "reconciler %s: %s failed (attempt %d); retry in %.1fs", self.name, row_id, n, delay
+            )
+        finally:
+            try:
+                async with self.ctx.sessionmaker() as session:
+                    await leases.release(session, self.model, row_id, token=token)
+            except Exception:
+                log.exception("reconciler %s: could not release lease on %s", self.name, row_id)
+            self._inflight.pop(row_id, None)
+        if changed and not self._stopping:
+            self.ctx.hints.notify(self.name)

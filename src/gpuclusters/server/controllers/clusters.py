@@ -1,0 +1,193 @@
+"""Cluster reconciler: walks a cluster through its states.
+
+queued -> waiting_for_control_plane -> waiting_for_volume -> waiting_for_nodes
+-> running_acceptance_tests -> ready <-> degraded, and deleting -> deleted.
+
+Node rows are created by the services (so capacity errors are answered
+synchronously and atomically); this reconciler only watches them. Each pass
+may take several steps; every write is fenced by the lease token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import exists, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core.enums import ClusterStatus, ComputeClass, NodePhase, VolumeStatus
+from gpuclusters.server.controllers import hints, leases
+from gpuclusters.server.controllers.base import ControllerContext, Reconciler
+from gpuclusters.server.controllers.refs import cluster_ref
+from gpuclusters.server.db.models import Cluster, Node, Volume, utcnow
+from gpuclusters.server.db.records import set_cluster_status
+from gpuclusters.server.runtime import Runtime
+
+S = ClusterStatus
+_SETTLED = (S.READY.value, S.FAILED.value)
+MAX_STEPS_PER_PASS = 8
+
+
+class ClusterReconciler(Reconciler):
+    name = hints.CLUSTERS
+    model = Cluster
+
+    def __init__(self, ctx: ControllerContext, rt: Runtime) -> None:
+        super().__init__(ctx)
+        self.rt = rt
+
+    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+        unsettled_node = exists().where(
+            Node.cluster_id == Cluster.id,
+            Node.deleted_at.is_(None),
+            (Node.phase != NodePhase.RUNNING.value) | Node.to_delete,
+        )
+        rows = await session.scalars(
+            select(Cluster.id).where(
+                Cluster.deleted_at.is_(None),
+                Cluster.status.not_in(_SETTLED) | unsettled_node,
+            )
+        )
+        return list(rows)
+
+    async def reconcile(self, row_id: str, token: str) -> bool:
+        changed = False
+        for _ in range(MAX_STEPS_PER_PASS):
+            if not await self._step(row_id, token):
+                break
+            changed = True
+        return changed
+
+    async def _load(self, session: AsyncSession, row_id: str) -> tuple[Cluster, list[Node]]:
+        cluster = await session.get_one(Cluster, row_id)
+        nodes = list(
+            await session.scalars(
+                select(Node).where(Node.cluster_id == row_id, Node.deleted_at.is_(None))
+            )
+        )
+        return cluster, nodes
+
+    async def _step(self, row_id: str, token: str) -> bool:
+        """One transition; True if something changed."""
+        async with self.ctx.sessionmaker() as session:
+            cluster, nodes = await self._load(session, row_id)
+        status = S(cluster.status)
+        layer = self.rt.layer_for(cluster.cluster_type)
+        ref = cluster_ref(cluster)
+
+        if status is S.DELETING:
+            if nodes:
+                return False  # the node reconciler releases them; it hints us
+            await layer.delete(ref)  # idempotent, outside any transaction
+            async with self.ctx.sessionmaker() as session:
+                await leases.fence(
+                    session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+                )
+                cluster, _ = await self._load(session, row_id)
+                await self._release_volume(session, cluster)
+                await set_cluster_status(session, cluster, S.DELETED.value, "cluster deleted")
+                cluster.deleted_at = utcnow()
+                await session.commit()
+            self.ctx.hints.notify(hints.VOLUMES)
+            return True
+
+        if status is S.QUEUED:
+            return await self._transition(row_id, token, S.WAITING_FOR_CONTROL_PLANE)
+
+        if status is S.WAITING_FOR_CONTROL_PLANE:
+            if not await layer.ensure_control_plane(ref):
+                return False
+            return await self._transition(row_id, token, S.WAITING_FOR_VOLUME)
+
+        if status is S.WAITING_FOR_VOLUME:
+            return await self._bind_volume(row_id, token)
+
+        standard = [
+            n for n in nodes if n.compute_class == ComputeClass.STANDARD.value and not n.to_delete
+        ]
+        failed = [n for n in standard if n.phase == NodePhase.FAILED.value]
+        running = [n for n in standard if n.phase == NodePhase.RUNNING.value]
+        wanted = cluster.num_gpus // 8
+
+        if status is S.WAITING_FOR_NODES:
+            if failed:
+                names = ", ".join(n.name for n in failed)
+                return await self._transition(
+                    row_id,
+                    token,
+                    S.FAILED,
+                    f"node(s) failed to come up: {names}: {failed[0].message}",
+                )
+            if len(running) >= wanted:
+                return await self._transition(row_id, token, S.RUNNING_ACCEPTANCE_TESTS)
+            return await self._transition(
+                row_id, token, S.WAITING_FOR_NODES, f"{len(running)}/{wanted} nodes running"
+            )
+
+        if status is S.RUNNING_ACCEPTANCE_TESTS:
+            # Acceptance tests at provisioning arrive with the health-check
+            # work; until then a node that joined is accepted.
+            return await self._transition(
+                row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
+            )
+
+        if status in (S.READY, S.DEGRADED):
+            if failed or len(running) < wanted:
+                return await self._transition(
+                    row_id, token, S.DEGRADED, f"{len(running)}/{wanted} nodes running"
+                )
+            return await self._transition(
+                row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
+            )
+        return False
+
+    async def _transition(self, row_id: str, token: str, status: S, message: str = "") -> bool:
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            cluster = await session.get_one(Cluster, row_id)
+            if cluster.status == S.DELETING.value:
+                return False  # a delete arrived meanwhile; next pass handles it
+            changed = await set_cluster_status(session, cluster, status.value, message)
+            await session.commit()
+        return changed
+
+    async def _bind_volume(self, row_id: str, token: str) -> bool:
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            cluster = await session.get_one(Cluster, row_id)
+            volume = await session.get(Volume, cluster.volume_id) if cluster.volume_id else None
+            if volume is not None:
+                if volume.status == VolumeStatus.PROVISIONING.value:
+                    return False  # the volume reconciler makes it; it hints us
+                if volume.status == VolumeStatus.AVAILABLE.value or (
+                    volume.status == VolumeStatus.BOUND.value and volume.cluster_id == cluster.id
+                ):
+                    volume.status = VolumeStatus.BOUND.value
+                    volume.cluster_id = cluster.id
+                else:
+                    await set_cluster_status(
+                        session, cluster, S.FAILED.value, f"volume {volume.name} is {volume.status}"
+                    )
+                    await session.commit()
+                    return True
+            await set_cluster_status(session, cluster, S.WAITING_FOR_NODES.value)
+            await session.commit()
+        self.ctx.hints.notify(hints.NODES)
+        return True
+
+    async def _release_volume(self, session: AsyncSession, cluster: Cluster) -> None:
+        """Detach the cluster's volume; delete it only when asked (or when it
+        was created tied to the cluster's lifecycle). Data is never removed
+        otherwise."""
+        if not cluster.volume_id:
+            return
+        volume = await session.get(Volume, cluster.volume_id)
+        if volume is None or volume.deleted_at is not None:
+            return
+        if volume.cluster_id not in (None, cluster.id):
+            return  # bound elsewhere since; not ours to touch
+        volume.cluster_id = None
+        if cluster.delete_volume or not volume.is_lifecycle_independent:
+            volume.status = VolumeStatus.DELETING.value
+        elif volume.status == VolumeStatus.BOUND.value:
+            volume.status = VolumeStatus.AVAILABLE.value

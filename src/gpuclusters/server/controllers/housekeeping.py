@@ -1,0 +1,96 @@
+"""Periodic housekeeping, outside the reconcilers' row leases:
+
+* garbage-collect provider instances that no live node row owns (orphans
+  left by a crash between a node's deletion and its provider delete, or by
+  a provider create whose row was rolled back);
+* notice running nodes whose instance failed or vanished (they go ``failed``
+  so the cluster shows ``degraded``);
+* drop lifecycle events older than the retention (72 h by default).
+
+Orphan collection never deletes an instance whose node row is live, and the
+node row always exists before its instance is asked for, so it cannot race
+a create.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from sqlalchemy import delete, select
+
+from gpuclusters.core.enums import EventReason, NodePhase
+from gpuclusters.providers.base import InstanceState
+from gpuclusters.server.controllers import hints
+from gpuclusters.server.db.models import Node, NodeEvent, utcnow
+from gpuclusters.server.db.records import record_event, set_node_phase
+from gpuclusters.server.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+async def collect_orphans(rt: Runtime) -> list[str]:
+    instances = await rt.provider.list_instances()
+    if not instances:
+        return []
+    async with rt.sessionmaker() as session:
+        live = set(await session.scalars(select(Node.id).where(Node.deleted_at.is_(None))))
+    orphans = [i.node_id for i in instances if i.node_id not in live]
+    for node_id in orphans:
+        log.warning("deleting orphaned provider instance %s", node_id)
+        await rt.provider.delete(node_id)
+    return orphans
+
+
+async def check_running_nodes(rt: Runtime) -> int:
+    """Mark running nodes whose instance failed or vanished as failed."""
+    async with rt.sessionmaker() as session:
+        nodes = list(
+            await session.scalars(
+                select(Node).where(
+                    Node.deleted_at.is_(None),
+                    Node.phase == NodePhase.RUNNING.value,
+                    Node.to_delete.is_(False),
+                    Node.lock_token.is_(None),
+                )
+            )
+        )
+    failed = 0
+    for node in nodes:
+        inst = await rt.provider.status(node.id)
+        if inst.state not in (InstanceState.MISSING, InstanceState.FAILED):
+            continue
+        message = inst.message or f"provider reports the node {inst.state.value}"
+        async with rt.sessionmaker() as session:
+            row = await session.get_one(Node, node.id)
+            if row.phase != NodePhase.RUNNING.value or row.lock_token is not None:
+                continue
+            set_node_phase(row, NodePhase.FAILED.value, message)
+            await record_event(session, row, EventReason.NODE_FAILED, message)
+            await session.commit()
+        failed += 1
+    if failed:
+        rt.hints.notify(hints.CLUSTERS)
+    return failed
+
+
+async def expire_events(rt: Runtime) -> int:
+    cutoff = utcnow() - timedelta(hours=rt.settings.event_retention_h)
+    async with rt.sessionmaker() as session:
+        result = await session.execute(delete(NodeEvent).where(NodeEvent.timestamp < cutoff))
+        await session.commit()
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+async def run_housekeeping(rt: Runtime) -> None:
+    """Loop forever (until cancelled); one failing chore does not stop the others."""
+    while True:
+        for chore in (collect_orphans, check_running_nodes, expire_events):
+            try:
+                await chore(rt)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("housekeeping: %s failed", chore.__name__)
+        await asyncio.sleep(rt.settings.housekeeping_interval_s)

@@ -1,0 +1,118 @@
+"""Row leases: ``lock_owner``, ``lock_token``, ``lock_expires_at``.
+
+* ``claim`` is a compare-and-set UPDATE that succeeds only if the row is
+  unleased or its lease expired; it works the same on SQLite and PostgreSQL.
+* ``fence`` is the first statement of every write-back transaction: it renews
+  the lease only if our token still matches. Its UPDATE takes the row's write
+  lock (PostgreSQL) or the database write lock (SQLite) until commit, so
+  nobody can steal the row between the check and our write.
+* ``release`` clears the lease if it is still ours.
+* ``release_dead_owners`` frees leases of processes on this machine that are
+  gone (a server killed with -9), so a restart does not wait for expiry.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.server.db.models import Cluster, Node, Volume, utcnow
+
+LeasedModel = type[Cluster] | type[Node] | type[Volume]
+LEASED_MODELS: tuple[LeasedModel, ...] = (Cluster, Node, Volume)
+
+
+class LeaseLost(Exception):
+    """Our lease on a row was taken over; stop working on it."""
+
+
+def make_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _expiry(ttl_s: float) -> datetime:
+    return utcnow() + timedelta(seconds=ttl_s)
+
+
+async def claim(
+    session: AsyncSession, model: LeasedModel, row_id: str, *, owner: str, ttl_s: float
+) -> str | None:
+    """Try to lease one row; return the token, or None if someone holds it."""
+    token = secrets.token_hex(16)
+    now = utcnow()
+    result = await session.execute(
+        update(model)
+        .where(model.id == row_id)
+        .where(or_(model.lock_expires_at.is_(None), model.lock_expires_at < now))
+        .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
+        .execution_options(synchronize_session=False)
+    )
+    await session.commit()
+    return token if result.rowcount == 1 else None  # type: ignore[attr-defined]
+
+
+async def fence(
+    session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, ttl_s: float
+) -> None:
+    """Renew our lease inside the current transaction, or raise ``LeaseLost``."""
+    result = await session.execute(
+        update(model)
+        .where(model.id == row_id, model.lock_token == token)
+        .values(lock_expires_at=_expiry(ttl_s))
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise LeaseLost(f"{model.__tablename__} {row_id}: lease lost")
+
+
+async def release(session: AsyncSession, model: LeasedModel, row_id: str, *, token: str) -> None:
+    await session.execute(
+        update(model)
+        .where(model.id == row_id, model.lock_token == token)
+        .values(lock_owner=None, lock_token=None, lock_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    await session.commit()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def release_dead_owners(session: AsyncSession) -> int:
+    """Free leases held by dead processes of this host; return how many."""
+    me = socket.gethostname()
+    freed = 0
+    for model in LEASED_MODELS:
+        rows = (
+            await session.execute(
+                select(model.id, model.lock_owner).where(model.lock_owner.is_not(None))
+            )
+        ).all()
+        for row_id, owner in rows:
+            host, _, rest = str(owner).partition(":")
+            pid_s = rest.partition(":")[0]
+            if host != me or not pid_s.isdigit():
+                continue
+            pid = int(pid_s)
+            if pid == os.getpid() or not _pid_alive(pid):
+                await session.execute(
+                    update(model)
+                    .where(model.id == row_id, model.lock_owner == owner)
+                    .values(lock_owner=None, lock_token=None, lock_expires_at=None)
+                    .execution_options(synchronize_session=False)
+                )
+                freed += 1
+    await session.commit()
+    return freed

@@ -1,0 +1,167 @@
+"""Node reconciler: drives one node through its phases.
+
+pending -> scheduling -> booting -> bootstrapping -> running, and, once the
+node is marked ``to_delete``, draining -> releasing -> deleted.
+
+Crash safety: the node row (with its host) exists before the provider is
+asked for anything, and provider calls are idempotent on the node id, so a
+crash between "ask" and "record" only means asking again. A node whose
+provider instance vanished while booting is asked for again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core.enums import EventReason, NodePhase
+from gpuclusters.layers.base import PermanentLayerError
+from gpuclusters.providers.base import InstanceState, PermanentProviderError
+from gpuclusters.server.controllers import hints, leases
+from gpuclusters.server.controllers.base import ControllerContext, Reconciler
+from gpuclusters.server.controllers.refs import cluster_ref, node_ref, node_spec
+from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
+from gpuclusters.server.db.records import record_event, set_node_phase
+from gpuclusters.server.runtime import Runtime
+
+P = NodePhase
+MAX_STEPS_PER_PASS = 8
+DRAIN_REASON = "gpuclusters: node removed"
+
+
+class NodeReconciler(Reconciler):
+    name = hints.NODES
+    model = Node
+
+    def __init__(
+        self, ctx: ControllerContext, rt: Runtime, *, drain_timeout_s: float = 300.0
+    ) -> None:
+        super().__init__(ctx)
+        self.rt = rt
+        self.drain_timeout_s = drain_timeout_s
+
+    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+        rows = await session.scalars(
+            select(Node.id).where(
+                Node.deleted_at.is_(None),
+                Node.phase.not_in((P.RUNNING.value, P.FAILED.value)) | Node.to_delete,
+            )
+        )
+        return list(rows)
+
+    async def reconcile(self, row_id: str, token: str) -> bool:
+        changed = False
+        for _ in range(MAX_STEPS_PER_PASS):
+            if not await self._step(row_id, token):
+                break
+            changed = True
+        if changed:
+            self.ctx.hints.notify(hints.CLUSTERS)
+        return changed
+
+    async def _step(self, row_id: str, token: str) -> bool:
+        async with self.ctx.sessionmaker() as session:
+            node = await session.get_one(Node, row_id)
+            cluster = await session.get_one(Cluster, node.cluster_id)
+            host = await session.get(Host, node.host_id) if node.host_id else None
+        phase = P(node.phase)
+        layer = self.rt.layer_for(cluster.cluster_type)
+        cref, nref = cluster_ref(cluster), node_ref(node, host)
+
+        if node.deleted_at is not None:
+            return False
+
+        if node.to_delete:
+            if phase in (P.RUNNING, P.BOOTSTRAPPING):
+                await layer.cordon(cref, nref, reason=DRAIN_REASON)
+                return await self._write(row_id, token, phase=P.DRAINING, cordoned=True)
+            if phase is P.DRAINING:
+                deadline = node.phase_changed_at + timedelta(seconds=self.drain_timeout_s)
+                done = await layer.drain(cref, nref, reason=DRAIN_REASON, deadline=deadline)
+                if not done and utcnow() < deadline:
+                    return False
+                return await self._write(row_id, token, phase=P.RELEASING)
+            if phase is not P.RELEASING:
+                return await self._write(row_id, token, phase=P.RELEASING)
+            await layer.remove_node(cref, nref)
+            await self.rt.provider.delete(node.id)
+            return await self._write(row_id, token, phase=P.DELETED, deleted=True)
+
+        if phase is P.PENDING:
+            return await self._write(
+                row_id, token, phase=P.SCHEDULING, message=f"placed on {nref.host}"
+            )
+
+        if phase is P.SCHEDULING:
+            if host is None:
+                return await self._write(row_id, token, phase=P.FAILED, message="no host assigned")
+            try:
+                inst = await self.rt.provider.create(node_spec(node, cluster, host))
+            except PermanentProviderError as exc:
+                return await self._write(row_id, token, phase=P.FAILED, message=str(exc))
+            if inst.state is InstanceState.FAILED:
+                return await self._write(row_id, token, phase=P.FAILED, message=inst.message)
+            return await self._write(row_id, token, phase=P.BOOTING)
+
+        if phase is P.BOOTING:
+            inst = await self.rt.provider.status(node.id)
+            if inst.state is InstanceState.RUNNING:
+                return await self._write(row_id, token, phase=P.BOOTSTRAPPING)
+            if inst.state is InstanceState.FAILED:
+                return await self._write(row_id, token, phase=P.FAILED, message=inst.message)
+            if inst.state is InstanceState.MISSING:
+                return await self._write(
+                    row_id, token, phase=P.SCHEDULING, message="instance vanished while booting"
+                )
+            return False
+
+        if phase is P.BOOTSTRAPPING:
+            try:
+                joined = await layer.join_node(cref, nref)
+            except PermanentLayerError as exc:
+                return await self._write(row_id, token, phase=P.FAILED, message=str(exc))
+            if not joined:
+                return False
+            return await self._write(row_id, token, phase=P.RUNNING)
+
+        return False
+
+    async def _write(
+        self,
+        row_id: str,
+        token: str,
+        *,
+        phase: NodePhase,
+        message: str = "",
+        cordoned: bool | None = None,
+        deleted: bool = False,
+    ) -> bool:
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            node = await session.get_one(Node, row_id)
+            if node.phase == phase.value and not deleted:
+                return False
+            set_node_phase(node, phase.value, message)
+            if cordoned is not None:
+                node.cordoned = cordoned
+            if phase is P.RUNNING:
+                node.ready_at = utcnow()
+                await record_event(
+                    session, node, EventReason.NODE_ADDED, f"node {node.name} is running"
+                )
+            elif phase is P.FAILED:
+                await record_event(session, node, EventReason.NODE_FAILED, message)
+            if deleted:
+                node.deleted_at = utcnow()
+                if node.delete_reason == "scale_down":
+                    await record_event(
+                        session,
+                        node,
+                        EventReason.SCALED_DOWN,
+                        f"node {node.name} removed by scale-down",
+                    )
+            await session.commit()
+        return True

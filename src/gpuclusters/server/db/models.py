@@ -1,0 +1,250 @@
+"""SQLAlchemy models.
+
+Controllers claim rows with lease columns (``lock_owner``, ``lock_token``,
+``lock_expires_at``) and write back only while their token still matches, so
+two workers (or a worker and its own ghost after a restart) never act on one
+row at once. One live node per host is enforced by a partial unique index,
+so even a buggy caller cannot double-book a host.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops tzinfo)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class LeaseMixin:
+    lock_owner: Mapped[str | None] = mapped_column(String(64), default=None)
+    lock_token: Mapped[str | None] = mapped_column(String(32), default=None)
+    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class Organization(Base):
+    __tablename__ = "organizations"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class User(Base):
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    """Bearer tokens. Only a SHA-256 of the key is stored: keys are 256-bit
+    random, so a fast hash is enough and a lookup stays one indexed query."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class ProjectMember(Base):
+    __tablename__ = "project_members"
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+
+
+class Host(Base):
+    """Fleet inventory, synced from the provider's fleet at start."""
+
+    __tablename__ = "hosts"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    region: Mapped[str] = mapped_column(String(64))
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    num_gpus: Mapped[int] = mapped_column(Integer, default=8)
+    nvme_gib: Mapped[int] = mapped_column(Integer)
+    ib_island: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default="available")
+    in_fleet: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Volume(LeaseMixin, Base):
+    __tablename__ = "volumes"
+    __table_args__ = (
+        Index(
+            "uq_volumes_live_name",
+            "project_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    region: Mapped[str] = mapped_column(String(64))
+    size_tib: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    is_lifecycle_independent: Mapped[bool] = mapped_column(Boolean, default=True)
+    cluster_id: Mapped[str | None] = mapped_column(ForeignKey("clusters.id"), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class Cluster(LeaseMixin, Base):
+    __tablename__ = "clusters"
+    __table_args__ = (
+        Index(
+            "uq_clusters_live_name",
+            "project_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    cluster_type: Mapped[str] = mapped_column(String(16))
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    region: Mapped[str] = mapped_column(String(64))
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    num_preemptible_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    billing_type: Mapped[str] = mapped_column(String(32))
+    reservation_start: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    reservation_end: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    cuda_version: Mapped[str | None] = mapped_column(String(32), default=None)
+    driver_version: Mapped[str | None] = mapped_column(String(32), default=None)
+    status: Mapped[str] = mapped_column(String(32))
+    status_message: Mapped[str] = mapped_column(Text, default="")
+    delete_volume: Mapped[bool] = mapped_column(Boolean, default=False)
+    volume_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    created_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+    phases: Mapped[list[ClusterPhase]] = relationship(
+        order_by="ClusterPhase.seq", cascade="all, delete-orphan", lazy="raise"
+    )
+
+
+class ClusterPhase(Base):
+    __tablename__ = "cluster_phases"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    phase: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Node(LeaseMixin, Base):
+    __tablename__ = "nodes"
+    __table_args__ = (
+        # One live node per host, enforced by the database.
+        Index(
+            "uq_nodes_live_host",
+            "host_id",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+        Index("ix_nodes_cluster", "cluster_id"),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"))
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.id"), default=None)
+    compute_class: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Set when the node must go (scale-down, cluster delete); the node
+    # reconciler drains and releases it.
+    to_delete: Mapped[bool] = mapped_column(Boolean, default=False)
+    delete_reason: Mapped[str | None] = mapped_column(String(32), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    phase_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class NodeEvent(Base):
+    """Lifecycle events, one row per (node, reason): a repeat bumps the count
+    and timestamp instead of adding a row (contract: deduplicated)."""
+
+    __tablename__ = "node_events"
+    __table_args__ = (UniqueConstraint("node_id", "reason"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    node_id: Mapped[str] = mapped_column(String(32))
+    node_name: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)

@@ -1,0 +1,69 @@
+"""Small write helpers shared by services and controllers: cluster status
+changes with their phase history, and deduplicated node lifecycle events.
+They only add to the caller's session; the caller owns the transaction."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, NodeEvent, utcnow
+
+
+async def set_cluster_status(
+    session: AsyncSession, cluster: Cluster, status: str, message: str = ""
+) -> bool:
+    """Move the cluster to ``status`` and append it to the phase history.
+    Returns False (and writes nothing) if it is already there."""
+    if cluster.status == status and cluster.status_message == message:
+        return False
+    now = utcnow()
+    if cluster.status != status:
+        seq = (
+            await session.scalar(
+                select(func.coalesce(func.max(ClusterPhase.seq), 0)).where(
+                    ClusterPhase.cluster_id == cluster.id
+                )
+            )
+        ) or 0
+        session.add(
+            ClusterPhase(
+                cluster_id=cluster.id, seq=seq + 1, phase=status, message=message, timestamp=now
+            )
+        )
+    cluster.status = status
+    cluster.status_message = message
+    cluster.updated_at = now
+    return True
+
+
+async def record_event(session: AsyncSession, node: Node, reason: str, message: str) -> None:
+    """Add a lifecycle event, or refresh the one this node already has for
+    this reason (events are deduplicated by node and reason)."""
+    now = utcnow()
+    existing = await session.scalar(
+        select(NodeEvent).where(NodeEvent.node_id == node.id, NodeEvent.reason == reason)
+    )
+    if existing is not None:
+        existing.count += 1
+        existing.message = message
+        existing.timestamp = now
+        return
+    session.add(
+        NodeEvent(
+            project_id=node.project_id,
+            cluster_id=node.cluster_id,
+            node_id=node.id,
+            node_name=node.name,
+            reason=reason,
+            message=message,
+            first_timestamp=now,
+            timestamp=now,
+        )
+    )
+
+
+def set_node_phase(node: Node, phase: str, message: str = "") -> None:
+    node.phase = phase
+    node.message = message
+    node.phase_changed_at = utcnow()

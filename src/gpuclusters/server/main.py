@@ -1,0 +1,54 @@
+"""``gpuclusters server``: run the API server and controllers with uvicorn.
+
+Ctrl-C (SIGINT) or SIGTERM stops accepting requests, stops the reconcilers
+after their in-flight steps, and exits; nodes keep running and are
+re-adopted at the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError as SettingsValidationError
+
+from gpuclusters.providers.fleet import FleetFileError
+from gpuclusters.providers.registry import PROVIDERS
+from gpuclusters.server.app import create_app
+from gpuclusters.server.settings import Settings
+
+
+def run(*, host: str | None, port: int | None, provider: str | None) -> None:
+    overrides: dict[str, Any] = {}
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    if provider is not None:
+        overrides["provider"] = provider
+    try:
+        settings = Settings(**overrides)
+    except SettingsValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        sys.exit(f"error [invalid_input]: setting {field}: {first['msg']}")
+    if settings.provider not in PROVIDERS:
+        sys.exit(
+            f"error [invalid_input]: provider: unknown provider {settings.provider!r}; "
+            f"available: {', '.join(sorted(PROVIDERS))}"
+        )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        uvicorn.run(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level="info",
+            timeout_graceful_shutdown=30,
+        )
+    except FleetFileError as exc:
+        sys.exit(f"error [invalid_input]: {exc}")

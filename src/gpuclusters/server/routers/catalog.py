@@ -1,0 +1,50 @@
+"""GPU types, regions, hosts, whoami, projects and API keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gpuclusters.core import models as api
+from gpuclusters.server.deps import PrincipalDep, SessionDep
+from gpuclusters.server.services import catalog, tenancy
+
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/whoami", response_model=api.WhoAmI)
+async def whoami(session: SessionDep, principal: PrincipalDep) -> api.WhoAmI:
+    return await tenancy.whoami(session, principal=principal)
+
+
+@router.get("/gpu-types", response_model=list[api.GpuType])
+async def gpu_types(session: SessionDep, principal: PrincipalDep) -> list[api.GpuType]:
+    return await catalog.list_gpu_types(session)
+
+
+@router.get("/regions", response_model=list[api.Region])
+async def regions(session: SessionDep, principal: PrincipalDep) -> list[api.Region]:
+    return await catalog.list_regions(session)
+
+
+@router.get("/hosts", response_model=list[api.Host])
+async def hosts(session: SessionDep, principal: PrincipalDep) -> list[api.Host]:
+    return await catalog.list_hosts(session, principal=principal)
+
+
+@router.get("/projects", response_model=list[api.Project])
+async def list_projects(session: SessionDep, principal: PrincipalDep) -> list[api.Project]:
+    return await tenancy.list_projects(session, principal=principal)
+
+
+@router.post("/projects", response_model=api.Project, status_code=201)
+async def create_project(
+    body: api.ProjectCreate, session: SessionDep, principal: PrincipalDep
+) -> api.Project:
+    return await tenancy.create_project(session, principal=principal, body=body)
+
+
+@router.post("/api-keys", response_model=api.ApiKeyCreated, status_code=201)
+async def create_api_key(
+    body: api.ApiKeyCreate, session: SessionDep, principal: PrincipalDep
+) -> api.ApiKeyCreated:
+    return await tenancy.create_api_key(session, principal=principal, body=body)

@@ -1,0 +1,108 @@
+"""Clusters, nodes and events of a project."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gpuclusters.core import models as api
+from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
+from gpuclusters.server.services import clusters, nodes
+
+router = APIRouter(prefix="/v1/projects/{project}")
+
+
+@router.get("/clusters", response_model=list[api.Cluster])
+async def list_clusters(
+    project: str, session: SessionDep, principal: PrincipalDep
+) -> list[api.Cluster]:
+    return await clusters.list_clusters(session, principal=principal, project_name=project)
+
+
+@router.post("/clusters", response_model=api.Cluster, status_code=201)
+async def create_cluster(
+    project: str,
+    body: api.ClusterCreate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+) -> api.Cluster:
+    return await clusters.create_cluster(
+        session, rt=rt, principal=principal, project_name=project, body=body
+    )
+
+
+@router.get("/clusters/{name}", response_model=api.Cluster)
+async def get_cluster(
+    project: str, name: str, session: SessionDep, principal: PrincipalDep
+) -> api.Cluster:
+    return await clusters.get_cluster(session, principal=principal, project_name=project, name=name)
+
+
+@router.patch("/clusters/{name}", response_model=api.Cluster)
+async def update_cluster(
+    project: str,
+    name: str,
+    body: api.ClusterUpdate,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+) -> api.Cluster:
+    return await clusters.update_cluster(
+        session, rt=rt, principal=principal, project_name=project, name=name, body=body
+    )
+
+
+@router.delete("/clusters/{name}", response_model=api.Cluster, status_code=202)
+async def delete_cluster(
+    project: str,
+    name: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+    delete_volume: bool = False,
+) -> api.Cluster:
+    return await clusters.delete_cluster(
+        session,
+        rt=rt,
+        principal=principal,
+        project_name=project,
+        name=name,
+        delete_volume=delete_volume,
+    )
+
+
+@router.get("/nodes", response_model=list[api.Node])
+async def list_nodes(
+    project: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    cluster: str | None = None,
+    include_deleted: bool = False,
+) -> list[api.Node]:
+    return await nodes.list_nodes(
+        session,
+        principal=principal,
+        project_name=project,
+        cluster=cluster,
+        include_deleted=include_deleted,
+    )
+
+
+@router.get("/nodes/{name}", response_model=api.Node)
+async def get_node(
+    project: str, name: str, session: SessionDep, principal: PrincipalDep
+) -> api.Node:
+    return await nodes.get_node(session, principal=principal, project_name=project, name=name)
+
+
+@router.get("/events", response_model=list[api.NodeEvent])
+async def list_events(
+    project: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    cluster: str | None = None,
+    node: str | None = None,
+) -> list[api.NodeEvent]:
+    return await nodes.list_events(
+        session, principal=principal, project_name=project, cluster=cluster, node=node
+    )

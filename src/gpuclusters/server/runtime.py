@@ -1,0 +1,38 @@
+"""Everything the running server holds: settings, database, provider, layers,
+volume store, hints and controllers. Built once by the app lifespan and
+handed to routers (as a dependency) and controllers (at construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gpuclusters.core.enums import ClusterType
+from gpuclusters.layers.base import ClusterLayer
+from gpuclusters.layers.noop.layer import NoopLayer
+from gpuclusters.providers.base import NodeProvider
+from gpuclusters.providers.volumes import VolumeStore
+from gpuclusters.server.controllers.hints import Hints
+from gpuclusters.server.settings import Settings
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    provider: NodeProvider
+    volumes: VolumeStore
+    hints: Hints = field(default_factory=Hints)
+    layers: dict[ClusterType, ClusterLayer] = field(default_factory=dict)
+
+    def layer_for(self, cluster_type: str) -> ClusterLayer:
+        return self.layers[ClusterType(cluster_type)]
+
+
+def layers_for_provider(provider: NodeProvider) -> dict[ClusterType, ClusterLayer]:
+    """Which orchestrator layers run over this provider's nodes. Fake nodes
+    are bookkeeping only, so they get the no-op layer for every type."""
+    noop = NoopLayer()
+    return {ClusterType.KUBERNETES: noop, ClusterType.SLURM: noop}

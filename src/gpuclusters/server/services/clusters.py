@@ -1,0 +1,370 @@
+"""Cluster use cases: create, list, get, update (scale / extend), delete.
+
+Create and scale place their nodes synchronously, inside the same
+transaction as the cluster change, so the caller learns at once when there
+is no capacity and a crash can never leave a cluster without its node rows
+(or nodes without their cluster). Controllers then do the slow work.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core import models as api
+from gpuclusters.core.capacity.scale_down import NodeSnapshot, choose_nodes_to_remove
+from gpuclusters.core.catalog import GPU_TYPES
+from gpuclusters.core.enums import (
+    GPUS_PER_NODE,
+    BillingType,
+    ClusterStatus,
+    ComputeClass,
+    EventReason,
+    NodePhase,
+    ProjectRole,
+    VolumeStatus,
+)
+from gpuclusters.core.errors import (
+    AlreadyExistsError,
+    CapacityUnavailableError,
+    InvalidStateError,
+    NotFoundError,
+    ValidationError,
+)
+from gpuclusters.server.controllers import hints
+from gpuclusters.server.controllers.refs import cluster_ref, node_ref
+from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
+from gpuclusters.server.db.records import record_event, set_cluster_status
+from gpuclusters.server.runtime import Runtime
+from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services.allocation import allocate_nodes
+from gpuclusters.server.services.tenancy import resolve_project
+from gpuclusters.server.services.views import cluster_view, cluster_views
+
+# Concurrent creates may race for the same host; the unique index makes the
+# loser fail, and it simply places again with a fresh view of the fleet.
+PLACEMENT_ATTEMPTS = 3
+
+
+async def _get_live(session: AsyncSession, project: Project, name: str) -> Cluster:
+    cluster = await session.scalar(
+        select(Cluster).where(
+            Cluster.project_id == project.id, Cluster.name == name, Cluster.deleted_at.is_(None)
+        )
+    )
+    if cluster is None:
+        raise NotFoundError(f"cluster {name!r} not found in project {project.name!r}", field="name")
+    return cluster
+
+
+async def _check_region(session: AsyncSession, *, region: str, gpu_type: str) -> None:
+    if gpu_type not in GPU_TYPES:
+        raise ValidationError(
+            f"gpu_type: unknown GPU type {gpu_type!r}; known: {', '.join(sorted(GPU_TYPES))}",
+            field="gpu_type",
+        )
+    regions = set(await session.scalars(select(Host.region).where(Host.in_fleet.is_(True))))
+    if region not in regions:
+        raise ValidationError(
+            f"region: unknown region {region!r}; known: {', '.join(sorted(regions)) or 'none'}",
+            field="region",
+        )
+
+
+async def _volume_for_create(
+    session: AsyncSession, *, project: Project, body: api.ClusterCreate, region: str
+) -> Volume:
+    if body.volume is not None:
+        volume = await session.scalar(
+            select(Volume).where(
+                Volume.project_id == project.id,
+                Volume.name == body.volume,
+                Volume.deleted_at.is_(None),
+            )
+        )
+        if volume is None:
+            raise NotFoundError(f"volume {body.volume!r} not found", field="volume")
+        if volume.cluster_id is not None or volume.status not in (
+            VolumeStatus.AVAILABLE.value,
+            VolumeStatus.PROVISIONING.value,
+        ):
+            raise InvalidStateError(
+                f"volume {volume.name!r} is {volume.status} and cannot be attached; "
+                "a volume serves one cluster at a time",
+                field="volume",
+            )
+        if volume.region != region:
+            raise ValidationError(
+                f"volume: volume {volume.name!r} is in region {volume.region}, "
+                f"the cluster in {region}",
+                field="volume",
+            )
+        return volume
+    name = f"{body.name}-shared"
+    taken = await session.scalar(
+        select(Volume.id).where(
+            Volume.project_id == project.id, Volume.name == name, Volume.deleted_at.is_(None)
+        )
+    )
+    if taken is not None:
+        raise AlreadyExistsError(
+            f"volume {name!r} already exists (kept from an earlier cluster?): attach it with "
+            f"--volume {name}, or delete it first",
+            field="volume",
+        )
+    volume = Volume(
+        project_id=project.id,
+        name=name,
+        region=region,
+        size_tib=body.volume_size_tib or 1,
+        status=VolumeStatus.PROVISIONING.value,
+        is_lifecycle_independent=True,
+    )
+    session.add(volume)
+    return volume
+
+
+async def create_cluster(
+    session: AsyncSession,
+    *,
+    rt: Runtime,
+    principal: Principal,
+    project_name: str,
+    body: api.ClusterCreate,
+) -> api.Cluster:
+    region = body.region or rt.settings.region
+    for attempt in range(PLACEMENT_ATTEMPTS):
+        project = await resolve_project(
+            session, principal=principal, name=project_name, need=ProjectRole.ADMIN
+        )
+        await _check_region(session, region=region, gpu_type=body.gpu_type)
+        if await session.scalar(
+            select(Cluster.id).where(
+                Cluster.project_id == project.id,
+                Cluster.name == body.name,
+                Cluster.deleted_at.is_(None),
+            )
+        ):
+            raise AlreadyExistsError(f"cluster {body.name!r} already exists", field="name")
+        volume = await _volume_for_create(session, project=project, body=body, region=region)
+        await session.flush()
+        cluster = Cluster(
+            project_id=project.id,
+            name=body.name,
+            cluster_type=body.cluster_type.value,
+            gpu_type=body.gpu_type,
+            region=region,
+            num_gpus=body.num_gpus,
+            num_preemptible_gpus=body.num_preemptible_gpus,
+            billing_type=body.billing_type.value,
+            reservation_start=body.reservation_start,
+            reservation_end=body.reservation_end,
+            cuda_version=body.cuda_version,
+            driver_version=body.driver_version,
+            status="",  # set just below, so the phase history starts with queued
+            volume_id=volume.id,
+            created_by=principal.user_name,
+        )
+        session.add(cluster)
+        await session.flush()
+        await set_cluster_status(session, cluster, ClusterStatus.QUEUED.value, "accepted")
+        try:
+            await allocate_nodes(
+                session,
+                cluster=cluster,
+                count=body.num_gpus // GPUS_PER_NODE,
+                compute_class=ComputeClass.STANDARD.value,
+            )
+            await session.commit()
+        except CapacityUnavailableError:
+            await session.rollback()
+            raise
+        except IntegrityError:
+            await session.rollback()
+            if attempt == PLACEMENT_ATTEMPTS - 1:
+                raise CapacityUnavailableError(
+                    "hosts were taken by concurrent requests; try again", field="num_gpus"
+                ) from None
+            continue
+        rt.hints.notify(hints.CLUSTERS, hints.NODES, hints.VOLUMES)
+        return await cluster_view(session, cluster, project=project)
+    raise AssertionError("unreachable")
+
+
+async def list_clusters(
+    session: AsyncSession, *, principal: Principal, project_name: str
+) -> list[api.Cluster]:
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.EDITOR
+    )
+    clusters = list(
+        await session.scalars(
+            select(Cluster)
+            .where(Cluster.project_id == project.id, Cluster.deleted_at.is_(None))
+            .order_by(Cluster.created_at, Cluster.name)
+        )
+    )
+    return await cluster_views(session, clusters, project=project)
+
+
+async def get_cluster(
+    session: AsyncSession, *, principal: Principal, project_name: str, name: str
+) -> api.Cluster:
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.EDITOR
+    )
+    return await cluster_view(session, await _get_live(session, project, name), project=project)
+
+
+async def update_cluster(
+    session: AsyncSession,
+    *,
+    rt: Runtime,
+    principal: Principal,
+    project_name: str,
+    name: str,
+    body: api.ClusterUpdate,
+) -> api.Cluster:
+    for attempt in range(PLACEMENT_ATTEMPTS):
+        project = await resolve_project(
+            session, principal=principal, name=project_name, need=ProjectRole.ADMIN
+        )
+        cluster = await _get_live(session, project, name)
+        if cluster.status in (ClusterStatus.DELETING.value, ClusterStatus.DELETED.value):
+            raise InvalidStateError(f"cluster {name!r} is being deleted", field="name")
+        if body.reservation_end is not None:
+            _extend_reservation(cluster, body)
+        if body.num_preemptible_gpus is not None:
+            cluster.num_preemptible_gpus = body.num_preemptible_gpus
+        if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
+            try:
+                await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
+            except IntegrityError:
+                await session.rollback()
+                if attempt == PLACEMENT_ATTEMPTS - 1:
+                    raise CapacityUnavailableError(
+                        "hosts were taken by concurrent requests; try again", field="num_gpus"
+                    ) from None
+                continue
+            except CapacityUnavailableError:
+                await session.rollback()
+                raise
+        cluster.updated_at = utcnow()
+        await session.commit()
+        rt.hints.notify(hints.CLUSTERS, hints.NODES)
+        return await cluster_view(session, cluster, project=project)
+    raise AssertionError("unreachable")
+
+
+def _extend_reservation(cluster: Cluster, body: api.ClusterUpdate) -> None:
+    assert body.reservation_end is not None
+    if cluster.billing_type == BillingType.ON_DEMAND.value or cluster.reservation_end is None:
+        raise ValidationError(
+            "reservation_end: only reserved and scheduled_capacity clusters have a reservation",
+            field="reservation_end",
+        )
+    if body.reservation_end <= cluster.reservation_end:
+        raise ValidationError(
+            f"reservation_end: can only be extended past {cluster.reservation_end.isoformat()}",
+            field="reservation_end",
+        )
+    cluster.reservation_end = body.reservation_end
+
+
+async def _scale(session: AsyncSession, *, rt: Runtime, cluster: Cluster, num_gpus: int) -> None:
+    live = list(
+        await session.scalars(
+            select(Node).where(
+                Node.cluster_id == cluster.id,
+                Node.deleted_at.is_(None),
+                Node.to_delete.is_(False),
+                Node.compute_class == ComputeClass.STANDARD.value,
+            )
+        )
+    )
+    want = num_gpus // GPUS_PER_NODE
+    cluster.num_gpus = num_gpus
+    if want > len(live):
+        added = await allocate_nodes(
+            session,
+            cluster=cluster,
+            count=want - len(live),
+            compute_class=ComputeClass.STANDARD.value,
+        )
+        await session.flush()
+        for node in added:
+            await record_event(
+                session,
+                node,
+                EventReason.SCALED_UP,
+                f"node {node.name} added: scaled to {num_gpus} GPUs",
+            )
+        if cluster.status in (ClusterStatus.READY.value, ClusterStatus.DEGRADED.value):
+            await set_cluster_status(
+                session,
+                cluster,
+                ClusterStatus.WAITING_FOR_NODES.value,
+                f"scaling up to {want} nodes",
+            )
+    elif want < len(live):
+        layer = rt.layer_for(cluster.cluster_type)
+        hosts = {
+            h.id: h
+            for h in await session.scalars(
+                select(Host).where(Host.id.in_([n.host_id for n in live if n.host_id]))
+            )
+        }
+        cref = cluster_ref(cluster)
+        snapshots = []
+        for n in live:
+            cordoned = n.cordoned or (
+                n.phase == NodePhase.RUNNING.value
+                and await layer.is_cordoned(cref, node_ref(n, hosts.get(n.host_id or "")))
+            )
+            snapshots.append(
+                NodeSnapshot(
+                    name=n.name,
+                    cordoned=cordoned,
+                    running=n.phase == NodePhase.RUNNING.value,
+                    failed=n.phase == NodePhase.FAILED.value,
+                    created_at=n.created_at,
+                )
+            )
+        victims = set(choose_nodes_to_remove(snapshots, count=len(live) - want))
+        for n in live:
+            if n.name in victims:
+                n.to_delete = True
+                n.delete_reason = "scale_down"
+
+
+async def delete_cluster(
+    session: AsyncSession,
+    *,
+    rt: Runtime,
+    principal: Principal,
+    project_name: str,
+    name: str,
+    delete_volume: bool,
+) -> api.Cluster:
+    """Start deleting; idempotent (a second call returns the same deleting cluster)."""
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.ADMIN
+    )
+    cluster = await _get_live(session, project, name)
+    if cluster.status != ClusterStatus.DELETING.value:
+        cluster.delete_volume = delete_volume
+        await set_cluster_status(session, cluster, ClusterStatus.DELETING.value, "delete requested")
+        nodes = await session.scalars(
+            select(Node).where(Node.cluster_id == cluster.id, Node.deleted_at.is_(None))
+        )
+        for n in nodes:
+            if not n.to_delete:
+                n.to_delete = True
+                n.delete_reason = "cluster_delete"
+        await session.commit()
+    elif delete_volume and not cluster.delete_volume:
+        cluster.delete_volume = True
+        await session.commit()
+    rt.hints.notify(hints.CLUSTERS, hints.NODES)
+    return await cluster_view(session, cluster, project=project)

@@ -1,0 +1,102 @@
+"""Nodes and their lifecycle events (read side)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core import models as api
+from gpuclusters.core.enums import ProjectRole
+from gpuclusters.core.errors import NotFoundError
+from gpuclusters.server.db.models import Cluster, Node, NodeEvent, Project
+from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services.tenancy import resolve_project
+from gpuclusters.server.services.views import node_views
+
+
+async def _cluster_id(session: AsyncSession, project: Project, name: str) -> str:
+    cid = await session.scalar(
+        select(Cluster.id).where(
+            Cluster.project_id == project.id, Cluster.name == name, Cluster.deleted_at.is_(None)
+        )
+    )
+    if cid is None:
+        raise NotFoundError(
+            f"cluster {name!r} not found in project {project.name!r}", field="cluster"
+        )
+    return cid
+
+
+async def _clusters(session: AsyncSession, ids: set[str]) -> dict[str, Cluster]:
+    return {c.id: c for c in await session.scalars(select(Cluster).where(Cluster.id.in_(ids)))}
+
+
+async def list_nodes(
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    project_name: str,
+    cluster: str | None,
+    include_deleted: bool,
+) -> list[api.Node]:
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.EDITOR
+    )
+    q = select(Node).where(Node.project_id == project.id)
+    if cluster is not None:
+        q = q.where(Node.cluster_id == await _cluster_id(session, project, cluster))
+    if not include_deleted:
+        q = q.where(Node.deleted_at.is_(None))
+    nodes = list(await session.scalars(q.order_by(Node.created_at, Node.name)))
+    clusters = await _clusters(session, {n.cluster_id for n in nodes})
+    return await node_views(session, nodes, clusters=clusters)
+
+
+async def get_node(
+    session: AsyncSession, *, principal: Principal, project_name: str, name: str
+) -> api.Node:
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.EDITOR
+    )
+    node = await session.scalar(
+        select(Node)
+        .where(Node.project_id == project.id, Node.name == name)
+        .order_by(Node.created_at.desc())
+        .limit(1)
+    )
+    if node is None:
+        raise NotFoundError(f"node {name!r} not found in project {project.name!r}", field="name")
+    clusters = await _clusters(session, {node.cluster_id})
+    return (await node_views(session, [node], clusters=clusters))[0]
+
+
+async def list_events(
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    project_name: str,
+    cluster: str | None,
+    node: str | None,
+) -> list[api.NodeEvent]:
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.EDITOR
+    )
+    q = select(NodeEvent).where(NodeEvent.project_id == project.id)
+    if cluster is not None:
+        q = q.where(NodeEvent.cluster_id == await _cluster_id(session, project, cluster))
+    if node is not None:
+        q = q.where(NodeEvent.node_name == node)
+    events = list(await session.scalars(q.order_by(NodeEvent.timestamp.desc())))
+    clusters = await _clusters(session, {e.cluster_id for e in events})
+    return [
+        api.NodeEvent(
+            node=e.node_name,
+            cluster=clusters[e.cluster_id].name,
+            reason=e.reason,
+            message=e.message,
+            timestamp=e.timestamp,
+            first_timestamp=e.first_timestamp,
+            count=e.count,
+        )
+        for e in events
+    ]

@@ -1,0 +1,136 @@
+"""Database rows -> public API models. Loads in bulk (one query per table,
+not per row) so listing many clusters stays cheap."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core import models as api
+from gpuclusters.core.enums import GPUS_PER_NODE, ComputeClass, NodePhase
+from gpuclusters.server.db.models import Cluster, ClusterPhase, Host, Node, Project, Volume
+
+
+def node_view(node: Node, *, cluster: Cluster, host: Host | None) -> api.Node:
+    return api.Node(
+        name=node.name,
+        cluster=cluster.name,
+        host=host.name if host else None,
+        compute_class=ComputeClass(node.compute_class),
+        phase=NodePhase(node.phase),
+        gpu_type=cluster.gpu_type,
+        cordoned=node.cordoned,
+        message=node.message,
+        created_at=node.created_at,
+        ready_at=node.ready_at,
+        deleted_at=node.deleted_at,
+    )
+
+
+async def _hosts(session: AsyncSession, ids: set[str]) -> dict[str, Host]:
+    if not ids:
+        return {}
+    return {h.id: h for h in await session.scalars(select(Host).where(Host.id.in_(ids)))}
+
+
+async def node_views(
+    session: AsyncSession, nodes: Sequence[Node], *, clusters: dict[str, Cluster]
+) -> list[api.Node]:
+    hosts = await _hosts(session, {n.host_id for n in nodes if n.host_id})
+    return [
+        node_view(n, cluster=clusters[n.cluster_id], host=hosts.get(n.host_id or "")) for n in nodes
+    ]
+
+
+async def cluster_views(
+    session: AsyncSession, clusters: Sequence[Cluster], *, project: Project
+) -> list[api.Cluster]:
+    if not clusters:
+        return []
+    ids = [c.id for c in clusters]
+    by_id = {c.id: c for c in clusters}
+    nodes = list(
+        await session.scalars(
+            select(Node)
+            .where(Node.cluster_id.in_(ids), Node.deleted_at.is_(None))
+            .order_by(Node.created_at, Node.name)
+        )
+    )
+    phases: dict[str, list[ClusterPhase]] = defaultdict(list)
+    for ph in await session.scalars(
+        select(ClusterPhase).where(ClusterPhase.cluster_id.in_(ids)).order_by(ClusterPhase.seq)
+    ):
+        phases[ph.cluster_id].append(ph)
+    volume_ids = {c.volume_id for c in clusters if c.volume_id}
+    volumes = (
+        {
+            v.id: v.name
+            for v in await session.scalars(select(Volume).where(Volume.id.in_(volume_ids)))
+        }
+        if volume_ids
+        else {}
+    )
+    nviews = await node_views(session, nodes, clusters=by_id)
+    nodes_by_cluster: dict[str, list[api.Node]] = defaultdict(list)
+    for row, view in zip(nodes, nviews, strict=True):
+        nodes_by_cluster[row.cluster_id].append(view)
+
+    out = []
+    for c in clusters:
+        cnodes = nodes_by_cluster[c.id]
+        allocated = sum(
+            GPUS_PER_NODE
+            for n in cnodes
+            if n.compute_class is ComputeClass.PREEMPTIBLE and n.phase is NodePhase.RUNNING
+        )
+        out.append(
+            api.Cluster(
+                name=c.name,
+                project=project.name,
+                cluster_type=c.cluster_type,
+                gpu_type=c.gpu_type,
+                region=c.region,
+                num_gpus=c.num_gpus,
+                num_preemptible_gpus=c.num_preemptible_gpus,
+                desired_preemptible_gpus=c.num_preemptible_gpus,
+                allocated_preemptible_gpus=allocated,
+                billing_type=c.billing_type,
+                reservation_start=c.reservation_start,
+                reservation_end=c.reservation_end,
+                status=c.status,
+                status_message=c.status_message,
+                volume=volumes.get(c.volume_id or ""),
+                cuda_version=c.cuda_version,
+                driver_version=c.driver_version,
+                phase_history=[
+                    api.PhaseTransition(phase=p.phase, timestamp=p.timestamp, message=p.message)
+                    for p in phases[c.id]
+                ],
+                nodes=cnodes,
+                created_at=c.created_at,
+                updated_at=c.updated_at,
+                deleted_at=c.deleted_at,
+            )
+        )
+    return out
+
+
+async def cluster_view(session: AsyncSession, cluster: Cluster, *, project: Project) -> api.Cluster:
+    return (await cluster_views(session, [cluster], project=project))[0]
+
+
+def volume_view(volume: Volume, *, project: Project, cluster_name: str | None) -> api.Volume:
+    return api.Volume(
+        name=volume.name,
+        project=project.name,
+        region=volume.region,
+        size_tib=volume.size_tib,
+        status=volume.status,
+        is_lifecycle_independent=volume.is_lifecycle_independent,
+        cluster=cluster_name,
+        created_at=volume.created_at,
+        deleted_at=volume.deleted_at,
+    )

@@ -1,0 +1,54 @@
+"""All server configuration, in one validated pydantic-settings object.
+
+Read once at start (``Settings()``), from environment variables prefixed
+``GPUCLUSTERS_`` and explicit overrides from the command line; nothing else in
+the server reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUCLUSTERS_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".gpuclusters")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8470, ge=1, le=65535)
+    provider: str = "fake"
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy async URL; SQLite in home when unset"
+    )
+    region: str = Field(default="local-1", description="default region of new clusters")
+
+    # Fleet and the fake provider.
+    fleet_file: Path | None = None
+    fake_boot_delay_s: float = Field(default=1.0, ge=0)
+    fake_fail_hosts: list[str] = Field(default_factory=list)
+
+    # Controllers.
+    reconcile_interval_s: float = Field(default=2.0, gt=0, description="poll period without hints")
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    controller_concurrency: int = Field(default=8, ge=1)
+    event_retention_h: float = Field(default=72.0, gt=0)
+    housekeeping_interval_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("home")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.home / 'gpuclusters.db'}"
+
+    @property
+    def public_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"

@@ -1,0 +1,1 @@
+"""Shared helpers for the test suite (not tests themselves)."""
