@@ -117,13 +117,14 @@ def cluster_detail(c: Cluster) -> RenderableType:
 
 
 def _show(output: OutputFormat, cluster: Cluster) -> None:
-    emit(output, cluster, lambda: cluster_detail(cluster))
+    emit(output, cluster, render=lambda: cluster_detail(cluster))
 
 
 @app.command("create")
 @api_command
 def create(
     name: Annotated[str, typer.Argument(help="cluster name: a DNS label")],
+    *,
     cluster_type: Annotated[
         ClusterType, typer.Option("--type", case_sensitive=False, help="cluster flavour")
     ],
@@ -201,14 +202,14 @@ def create(
 
 @app.command("list")
 @api_command
-def list_(project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+def list_(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
     """List the project's clusters."""
     with open_client(project) as client:
         clusters = client.clusters.list()
         emit(
             output,
             clusters,
-            lambda: clusters_table(clusters),
+            render=lambda: clusters_table(clusters),
             empty=f"no clusters in project {client.project}",
         )
 
@@ -217,6 +218,7 @@ def list_(project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) ->
 @api_command
 def get(
     name: Annotated[str, typer.Argument()],
+    *,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
@@ -230,6 +232,7 @@ def get(
 @api_command
 def scale(
     name: Annotated[str, typer.Argument()],
+    *,
     gpus: Annotated[
         int | None, typer.Option("--gpus", help="new standard GPU count", show_default=False)
     ] = None,
@@ -269,6 +272,7 @@ def scale(
 @api_command
 def delete(
     name: Annotated[str, typer.Argument()],
+    *,
     delete_volume: Annotated[
         bool, typer.Option("--delete-volume", help="also delete the cluster's volume")
     ] = False,

@@ -64,6 +64,7 @@ def events_table(events: Sequence[NodeEvent]) -> RenderableType:
 @app.command("list")
 @api_command
 def list_(
+    *,
     cluster: Annotated[
         str | None, typer.Option("--cluster", help="only this cluster's nodes", show_default=False)
     ] = None,
@@ -75,7 +76,10 @@ def list_(
     with open_client(project) as client:
         nodes = client.nodes.list(cluster, include_deleted=include_deleted)
         emit(
-            output, nodes, lambda: nodes_table(nodes), empty=f"no nodes in project {client.project}"
+            output,
+            nodes,
+            render=lambda: nodes_table(nodes),
+            empty=f"no nodes in project {client.project}",
         )
 
 
@@ -83,17 +87,19 @@ def list_(
 @api_command
 def get(
     name: Annotated[str, typer.Argument()],
+    *,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Show one node."""
     with open_client(project) as client:
         node = client.nodes.get(name)
-    emit(output, node, lambda: node_detail(node))
+    emit(output, node, render=lambda: node_detail(node))
 
 
 @api_command
 def events(
+    *,
     cluster: Annotated[
         str | None, typer.Option("--cluster", help="only this cluster", show_default=False)
     ] = None,
@@ -106,4 +112,4 @@ def events(
     """Node lifecycle events (scaling, failures, preemptions), newest first."""
     with open_client(project) as client:
         items = client.events.list(cluster, node=node)
-        emit(output, items, lambda: events_table(items), empty="no events")
+        emit(output, items, render=lambda: events_table(items), empty="no events")

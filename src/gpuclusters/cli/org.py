@@ -105,25 +105,27 @@ def projects_list(output: OutputOpt = OutputFormat.TABLE) -> None:
     """List the projects you are a member of."""
     with open_client() as client:
         projects = client.projects.list()
-    emit(output, projects, lambda: projects_table(projects), empty="no projects")
+    emit(output, projects, render=lambda: projects_table(projects), empty="no projects")
 
 
 @projects_app.command("create")
 @api_command
 def projects_create(
     name: Annotated[str, typer.Argument(help="project name: a DNS label")],
+    *,
     description: Annotated[str, typer.Option("--description", "-d")] = "",
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Create a project (org admins); you become its admin."""
     with open_client() as client:
         project = client.projects.create({"name": name, "description": description})
-    emit(output, project, lambda: projects_table([project]))
+    emit(output, project, render=lambda: projects_table([project]))
 
 
 @api_keys_app.command("create")
 @api_command
 def api_keys_create(
+    *,
     user: Annotated[str, typer.Option("--user", help="user name (created if new)")],
     project: Annotated[str, typer.Option("--project", "-p", help="project the key acts in")],
     role: Annotated[ProjectRole, typer.Option("--role", case_sensitive=False)] = (
@@ -134,7 +136,7 @@ def api_keys_create(
     """Issue an API key for a user in a project. The key is shown only once."""
     with open_client() as client:
         created = client.api_keys.create({"user": user, "project": project, "role": role.value})
-    emit(output, created, lambda: api_key_view(created))
+    emit(output, created, render=lambda: api_key_view(created))
     stderr_console().print(
         "This key is shown only once; store it now (for example as GPUCLUSTERS_API_KEY).",
         style="yellow",
@@ -147,7 +149,7 @@ def hosts_list(output: OutputOpt = OutputFormat.TABLE) -> None:
     """List the fleet's hosts and what runs on them."""
     with open_client() as client:
         hosts = client.hosts.list()
-    emit(output, hosts, lambda: hosts_table(hosts), empty="no hosts")
+    emit(output, hosts, render=lambda: hosts_table(hosts), empty="no hosts")
 
 
 @gpu_types_app.command("list")
@@ -156,7 +158,7 @@ def gpu_types_list(output: OutputOpt = OutputFormat.TABLE) -> None:
     """List GPU types and free capacity."""
     with open_client() as client:
         types = client.gpu_types.list()
-    emit(output, types, lambda: gpu_types_table(types), empty="no GPU types")
+    emit(output, types, render=lambda: gpu_types_table(types), empty="no GPU types")
 
 
 @regions_app.command("list")
@@ -165,7 +167,7 @@ def regions_list(output: OutputOpt = OutputFormat.TABLE) -> None:
     """List regions."""
     with open_client() as client:
         regions = client.regions.list()
-    emit(output, regions, lambda: regions_table(regions), empty="no regions")
+    emit(output, regions, render=lambda: regions_table(regions), empty="no regions")
 
 
 @api_command
@@ -174,4 +176,4 @@ def whoami(output: OutputOpt = OutputFormat.TABLE) -> None:
     with open_client() as client:
         me = client.whoami()
         url = client.url
-    emit(output, me, lambda: whoami_view(me, url=url))
+    emit(output, me, render=lambda: whoami_view(me, url=url))

@@ -1,10 +1,11 @@
 """Live progress for ``--wait``, always on stderr.
 
-Every phase transition is printed as its own line when it is first seen (so a
-log of a non-interactive run shows the whole history), as is every change of
-the node summary (``2/2 nodes running``). On a terminal a Rich spinner
-additionally shows the current status; it is transient, so nothing of it is
-left behind. stdout is untouched, which keeps ``--output json`` parseable.
+The current phase and then every later phase transition is printed as its
+own line when it is first seen (so a log of a non-interactive run shows the
+whole progression), as is every change of the node summary (``2/2 nodes
+running``). On a terminal a Rich spinner additionally shows the current
+status; it is transient, so nothing of it is left behind. stdout is
+untouched, which keeps ``--output json`` parseable.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class WaitProgress:
             self._spinner.stop()
             self._spinner = None
 
-    def _phase_line(self, when: str, phase: str, message: str) -> None:
+    def _phase_line(self, when: str, phase: str, *, message: str) -> None:
         line = Text.assemble("  ", (when, "dim"), "  ", (phase, _STYLE.get(phase, "cyan")))
         if message:
             line.append(f"  {message}")
@@ -65,14 +66,20 @@ class WaitProgress:
         self._last_phase = phase
 
     def update(self, cluster: Cluster) -> None:
+        if self._last_nodes is None:
+            # First state: show where the cluster is now, not its whole past
+            # (a delete would otherwise replay the create).
+            self._phases_seen = max(0, len(cluster.phase_history) - 1)
         for transition in cluster.phase_history[self._phases_seen :]:
             if transition.phase != self._last_phase:  # already shown from the status
-                self._phase_line(clock(transition.timestamp), transition.phase, transition.message)
+                self._phase_line(
+                    clock(transition.timestamp), transition.phase, message=transition.message
+                )
         self._phases_seen = len(cluster.phase_history)
         if cluster.status.value != self._last_phase:
             # A status the history does not (yet) record: show it anyway.
             self._phase_line(
-                clock(cluster.updated_at), cluster.status.value, cluster.status_message
+                clock(cluster.updated_at), cluster.status.value, message=cluster.status_message
             )
         nodes = node_summary(cluster.nodes)
         if nodes != self._last_nodes:

@@ -62,8 +62,8 @@ def print_json(value: BaseModel | Sequence[BaseModel]) -> None:
 def emit(
     output: OutputFormat,
     value: BaseModel | Sequence[BaseModel],
-    render: Callable[[], RenderableType],
     *,
+    render: Callable[[], RenderableType],
     empty: str = "nothing found",
 ) -> None:
     """Print ``value`` as JSON, or ``render()`` as a table (``empty`` if no items)."""

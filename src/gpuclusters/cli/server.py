@@ -4,13 +4,13 @@ The CLI must not import the server package (import-linter layers), so the
 server module is loaded lazily here, at run time: this command is the one
 entry point from the CLI into the server. Options left unset are passed as
 ``None`` so that the server's own settings (and their defaults: 127.0.0.1,
-8470, fake) decide.
+8470, fake) decide; the server also validates ``--provider`` against the
+providers it has, so the CLI keeps no list of its own to drift.
 """
 
 from __future__ import annotations
 
 import importlib
-from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -20,13 +20,9 @@ from gpuclusters.cli.context import api_command
 SERVER_MODULE = "gpuclusters.server.main"
 
 
-class Provider(StrEnum):
-    FAKE = "fake"
-    NETNS = "netns"
-
-
 @api_command
 def server(
+    *,
     host: Annotated[
         str | None,
         typer.Option(
@@ -48,16 +44,15 @@ def server(
         ),
     ] = None,
     provider: Annotated[
-        Provider | None,
+        str | None,
         typer.Option(
             "--provider",
             envvar="GPUCLUSTERS_PROVIDER",
-            case_sensitive=False,
             show_default=False,
-            help="where nodes run (default: fake)",
+            help="where nodes run: fake or netns (default: fake)",
         ),
     ] = None,
 ) -> None:
     """Run the gpuclusters API server (and its controllers) in the foreground."""
     module = importlib.import_module(SERVER_MODULE)
-    module.run(host=host, port=port, provider=provider.value if provider is not None else None)
+    module.run(host=host, port=port, provider=provider)

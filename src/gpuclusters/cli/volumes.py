@@ -52,14 +52,14 @@ def volume_detail(v: Volume) -> RenderableType:
 
 @app.command("list")
 @api_command
-def list_(project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+def list_(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
     """List the project's volumes."""
     with open_client(project) as client:
         volumes = client.volumes.list()
         emit(
             output,
             volumes,
-            lambda: volumes_table(volumes),
+            render=lambda: volumes_table(volumes),
             empty=f"no volumes in project {client.project}",
         )
 
@@ -68,6 +68,7 @@ def list_(project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) ->
 @api_command
 def create(
     name: Annotated[str, typer.Argument(help="volume name: a DNS label")],
+    *,
     size_tib: Annotated[int, typer.Option("--size-tib", help="whole TiB")] = 1,
     region: Annotated[
         str | None,
@@ -92,26 +93,28 @@ def create(
         spec["region"] = region
     with open_client(project) as client:
         volume = client.volumes.create(spec)
-    emit(output, volume, lambda: volume_detail(volume))
+    emit(output, volume, render=lambda: volume_detail(volume))
 
 
 @app.command("get")
 @api_command
 def get(
     name: Annotated[str, typer.Argument()],
+    *,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Show one volume."""
     with open_client(project) as client:
         volume = client.volumes.get(name)
-    emit(output, volume, lambda: volume_detail(volume))
+    emit(output, volume, render=lambda: volume_detail(volume))
 
 
 @app.command("resize")
 @api_command
 def resize(
     name: Annotated[str, typer.Argument()],
+    *,
     size_tib: Annotated[int, typer.Option("--size-tib", help="new size in whole TiB (grow only)")],
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
@@ -119,17 +122,18 @@ def resize(
     """Grow a volume."""
     with open_client(project) as client:
         volume = client.volumes.resize(name, size_tib)
-    emit(output, volume, lambda: volume_detail(volume))
+    emit(output, volume, render=lambda: volume_detail(volume))
 
 
 @app.command("delete")
 @api_command
 def delete(
     name: Annotated[str, typer.Argument()],
+    *,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Delete a volume (refused while a cluster has it bound)."""
     with open_client(project) as client:
         volume = client.volumes.delete(name)
-    emit(output, volume, lambda: volume_detail(volume))
+    emit(output, volume, render=lambda: volume_detail(volume))

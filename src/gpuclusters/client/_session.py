@@ -119,8 +119,13 @@ class Session:
             ) from exc
         except httpx.TransportError as exc:
             raise ConnectionFailedError(
-                f"could not reach the gpuclusters server at {self.url}: {exc or type(exc).__name__}"
+                f"could not reach the gpuclusters server at {self.url}: "
+                f"{str(exc) or type(exc).__name__}"
                 " (is it running? set GPUCLUSTERS_URL or url in config.toml)"
+            ) from exc
+        except httpx.RequestError as exc:  # decoding, redirects: it answered, but badly
+            raise UnexpectedResponseError(
+                f"{method} {path}: {str(exc) or type(exc).__name__}"
             ) from exc
         if not response.is_success:
             raise error_from_response(response)
@@ -182,8 +187,8 @@ class Session:
         self,
         method: str,
         path: str,
-        model: type[M],
         *,
+        model: type[M],
         json: Any = None,
         params: Query | None = None,
     ) -> M:

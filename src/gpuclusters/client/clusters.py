@@ -58,7 +58,9 @@ class ClustersAPI:
         self._s = session
 
     def create(self, spec: ClusterCreate | Mapping[str, Any]) -> Cluster:
-        return self._s.send("POST", self._s.project_path("clusters"), Cluster, json=body_of(spec))
+        return self._s.send(
+            "POST", self._s.project_path("clusters"), model=Cluster, json=body_of(spec)
+        )
 
     def list(self) -> builtins.list[Cluster]:
         return self._s.get_list(self._s.project_path("clusters"), Cluster)
@@ -71,7 +73,7 @@ class ClustersAPI:
         return self._s.send(
             "PATCH",
             self._s.project_path("clusters", name),
-            Cluster,
+            model=Cluster,
             json=body_of(changes, partial=True),
         )
 
@@ -80,7 +82,7 @@ class ClustersAPI:
         return self._s.send(
             "DELETE",
             self._s.project_path("clusters", name),
-            Cluster,
+            model=Cluster,
             params={"delete_volume": True if delete_volume else None},
         )
 

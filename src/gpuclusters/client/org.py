@@ -32,7 +32,7 @@ class ProjectsAPI:
 
     def create(self, spec: ProjectCreate | Mapping[str, Any]) -> Project:
         """Org admins only; the caller becomes the project's admin."""
-        return self._s.send("POST", "/v1/projects", Project, json=body_of(spec))
+        return self._s.send("POST", "/v1/projects", model=Project, json=body_of(spec))
 
 
 class ApiKeysAPI:
@@ -41,7 +41,7 @@ class ApiKeysAPI:
 
     def create(self, spec: ApiKeyCreate | Mapping[str, Any]) -> ApiKeyCreated:
         """Issue a key; ``ApiKeyCreated.key`` is the only time the secret is shown."""
-        return self._s.send("POST", "/v1/api-keys", ApiKeyCreated, json=body_of(spec))
+        return self._s.send("POST", "/v1/api-keys", model=ApiKeyCreated, json=body_of(spec))
 
 
 class HostsAPI:

@@ -22,20 +22,22 @@ class VolumesAPI:
         return self._s.get_list(self._s.project_path("volumes"), Volume)
 
     def create(self, spec: VolumeCreate | Mapping[str, Any]) -> Volume:
-        return self._s.send("POST", self._s.project_path("volumes"), Volume, json=body_of(spec))
+        return self._s.send(
+            "POST", self._s.project_path("volumes"), model=Volume, json=body_of(spec)
+        )
 
     def get(self, name: str) -> Volume:
-        return self._s.get(self._s.project_path("volumes", name), Volume)
+        return self._s.get(self._s.project_path("volumes", name), model=Volume)
 
     def resize(self, name: str, size_tib: int) -> Volume:
         """Grow to ``size_tib`` (whole TiB); shrinking is refused by the server."""
         return self._s.send(
             "PATCH",
             self._s.project_path("volumes", name),
-            Volume,
+            model=Volume,
             json={"size_tib": size_tib},  # a VolumeUpdate; the server validates it
         )
 
     def delete(self, name: str) -> Volume:
         """Start deleting; the answer has status ``deleting``."""
-        return self._s.send("DELETE", self._s.project_path("volumes", name), Volume)
+        return self._s.send("DELETE", self._s.project_path("volumes", name), model=Volume)

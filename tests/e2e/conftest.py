@@ -1,0 +1,264 @@
+"""Fixtures for end-to-end tests: a real ``gpuclusters server`` subprocess.
+
+Each server gets its own ``GPUCLUSTERS_HOME`` (database, ``config.toml`` with
+the bootstrap admin key, and the fake provider's ``fake-provider.json``, which
+outlives the process like real VMs would) and a free port. A handle can be
+killed with SIGKILL, stopped with SIGINT and restarted on the same home and
+port; every server a test started is stopped in teardown, pass or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def console_script() -> list[str]:
+    """The ``gpuclusters`` console script of this environment."""
+    script = Path(sys.executable).parent / "gpuclusters"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("gpuclusters")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from gpuclusters.cli.main import main; main()"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any GPUCLUSTERS_* setting of
+    the developer's own, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
+    env.update(extra)
+    return env
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    describe: Callable[[], str] | None = None,
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = f"\n{describe()}" if describe else ""
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+class ServerHandle:
+    """One server process on a fixed home and port (across restarts)."""
+
+    def __init__(self, home: Path, log_path: Path, *, boot_delay_s: float) -> None:
+        self.home = home
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = clean_env(
+            GPUCLUSTERS_HOME=str(home),
+            GPUCLUSTERS_FAKE_BOOT_DELAY_S=str(boot_delay_s),
+            GPUCLUSTERS_RECONCILE_INTERVAL_S="0.5",
+            GPUCLUSTERS_HOUSEKEEPING_INTERVAL_S="1",
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    # -- process control -------------------------------------------------------
+
+    @property
+    def command(self) -> list[str]:
+        return [*console_script(), "server", "--provider", "fake", "--port", str(self.port)]
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "server already running"
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start #{self.starts}: {' '.join(self.command)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C on pytest does not reach it directly
+            )
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        with httpx.Client(timeout=2.0) as http:
+            while True:
+                rc = self.proc.poll()
+                if rc is not None:
+                    pytest.fail(f"server exited with status {rc} during start:\n{self.log}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get(f"{self.url}/healthz").status_code == 200:
+                        return
+                if time.monotonic() >= deadline:
+                    self.kill9()
+                    pytest.fail(
+                        f"server did not answer /healthz within {STARTUP_TIMEOUT_S:g}s:\n{self.log}"
+                    )
+                time.sleep(0.1)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL: no shutdown hooks run, exactly like a crash."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGINT (Ctrl-C), wait up to ``timeout`` seconds, then SIGKILL.
+
+        Returns the exit status (negative: killed by that signal)."""
+        assert self.proc is not None, "server was never started"
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        return int(self.proc.returncode)
+
+    def restart(self) -> None:
+        """Start again on the same home and port (after kill9 or stop)."""
+        if self.running:
+            self.stop()
+        self.start()
+
+    def wait_for(
+        self,
+        what: str,
+        check: Callable[[], Any],
+        *,
+        timeout: float,
+        interval: float = 0.1,
+        describe: Callable[[], str] | None = None,
+    ) -> Any:
+        """``wait_for`` whose failure message ends with this server's log."""
+
+        def details() -> str:
+            head = f"{describe()}\n" if describe else ""
+            return f"{head}--- server log (tail) ---\n{self.log[-8000:]}"
+
+        return wait_for(what, check, timeout=timeout, interval=interval, describe=details)
+
+    # -- what the server left behind ---------------------------------------------
+
+    @property
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def config(self) -> dict[str, Any]:
+        return tomllib.loads((self.home / "config.toml").read_text())
+
+    @property
+    def api_key(self) -> str:
+        return str(self.config()["api_key"])
+
+    @property
+    def provider_file(self) -> Path:
+        return self.home / "fake-provider.json"
+
+    def instances(self) -> dict[str, dict[str, Any]]:
+        """The fake provider's instances by node id, as persisted on disk."""
+        try:
+            data = json.loads(self.provider_file.read_text())
+        except FileNotFoundError:
+            return {}
+        return dict(data.get("instances", {}))
+
+    def write_instances(self, instances: dict[str, dict[str, Any]]) -> None:
+        assert not self.running, "edit the provider's state only while the server is down"
+        self.provider_file.write_text(json.dumps({"instances": instances}, indent=1))
+
+    def client(self, api_key: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {api_key or self.api_key}"},
+            timeout=10.0,
+        )
+
+
+class Servers:
+    """Starts servers and guarantees they are all gone at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.handles: list[ServerHandle] = []
+
+    def __call__(self, *, boot_delay_s: float = 0.2, start: bool = True) -> ServerHandle:
+        n = len(self.handles)
+        home = self.root / f"home{n}"
+        handle = ServerHandle(home, self.root / f"server{n}.log", boot_delay_s=boot_delay_s)
+        self.handles.append(handle)
+        if start:
+            handle.start()
+        return handle
+
+    def close(self) -> None:
+        for h in self.handles:
+            if h.running:
+                h.stop(timeout=10)
+            if h.proc is not None and h.proc.poll() is None:  # pragma: no cover
+                h.kill9()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Servers]:
+    """``server_factory(boot_delay_s=...)`` starts a server for this test."""
+    servers = Servers(tmp_path)
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """One server shared by a whole test module (fast boots)."""
+    servers = Servers(tmp_path_factory.mktemp("e2e-server"))
+    try:
+        yield servers(boot_delay_s=0.2)
+    finally:
+        servers.close()

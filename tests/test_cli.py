@@ -1,0 +1,426 @@
+"""The ``gpuclusters`` CLI against canned HTTP answers.
+
+The CLI's ``context.client_factory`` is replaced by one that builds a
+:class:`Client` on an ``httpx.MockTransport``, so every command runs its real
+code down to the HTTP request. stdout and stderr are checked separately: JSON
+on stdout must parse and equal the model dump, errors and progress go to
+stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner, Result
+
+from gpuclusters.cli import context
+from gpuclusters.cli.main import app
+from gpuclusters.client import Client
+from gpuclusters.core.models import ApiKeyCreated, Cluster
+
+T0 = "2025-01-01T00:00:00Z"
+BAD_GPUS = {
+    "code": "invalid_input",
+    "message": "num_gpus: must be a multiple of 8 (one node = 8 GPUs), got 12",
+    "field": "num_gpus",
+}
+
+Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
+
+
+class FakeApi:
+    """Routes ``(method, path)`` to a queue of answers; the last one repeats."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], list[Reply]] = {}
+        self.requests: list[httpx.Request] = []
+
+    def on(self, method: str, path: str, *replies: Reply) -> None:
+        self.routes[(method, path)] = list(replies)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        queue = self.routes.get((request.method, request.url.path))
+        if not queue:
+            return httpx.Response(404, json={"code": "not_found", "message": "no route"})
+        reply = queue.pop(0) if len(queue) > 1 else queue[0]
+        return reply(request) if callable(reply) else reply
+
+
+def node_json(name: str, phase: str = "running") -> dict[str, Any]:
+    return {
+        "name": name,
+        "cluster": "train",
+        "host": f"host-{name}",
+        "compute_class": "standard",
+        "phase": phase,
+        "gpu_type": "H100_SXM",
+        "created_at": T0,
+    }
+
+
+def cluster_json(
+    status: str = "queued",
+    *,
+    phases: list[str] | None = None,
+    nodes: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "name": "train",
+        "project": "default",
+        "cluster_type": "slurm",
+        "gpu_type": "H100_SXM",
+        "region": "local-1",
+        "num_gpus": 16,
+        "num_preemptible_gpus": 8,
+        "desired_preemptible_gpus": 8,
+        "allocated_preemptible_gpus": 0,
+        "billing_type": "on_demand",
+        "status": status,
+        "status_message": "acceptance tests failed" if status == "failed" else "",
+        "phase_history": [
+            {"phase": p, "timestamp": T0, "message": ""} for p in (phases or [status])
+        ],
+        "nodes": nodes or [],
+        "created_at": T0,
+        "updated_at": T0,
+    }
+
+
+def ok(body: Any, status: int = 200) -> httpx.Response:
+    return httpx.Response(status, json=body)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUCLUSTERS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "200")
+    for var in (
+        "GPUCLUSTERS_URL",
+        "GPUCLUSTERS_API_KEY",
+        "GPUCLUSTERS_PROJECT",
+        "GPUCLUSTERS_OUTPUT",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(context, "POLL_INTERVAL_S", 0.0)
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    fake = FakeApi()
+
+    def factory(project: str | None) -> Client:
+        return Client(
+            "http://api.test", "gpc_k", project or "default", transport=httpx.MockTransport(fake)
+        )
+
+    monkeypatch.setattr(context, "client_factory", factory)
+    return fake
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def test_invalid_input_from_server_is_printed_with_code_and_field(api: FakeApi) -> None:
+    api.on("POST", "/v1/projects/default/clusters", ok(BAD_GPUS, 422))
+
+    result = run("clusters", "create", "bad", "--type", "slurm", "--gpus", "12")
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        "error [invalid_input]: num_gpus: must be a multiple of 8 (one node = 8 GPUs), "
+        "got 12 (field: num_gpus)"
+    )
+    # The CLI does not pre-validate: the server saw the request as typed.
+    assert json.loads(api.requests[0].content)["num_gpus"] == 12
+
+
+def test_not_found_in_json_mode_keeps_stdout_empty(api: FakeApi) -> None:
+    api.on(
+        "GET",
+        "/v1/projects/default/clusters/nope",
+        ok({"code": "not_found", "message": "cluster nope not found", "field": None}, 404),
+    )
+
+    result = run("clusters", "get", "nope", "--output", "json")
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "error [not_found]: cluster nope not found" in result.stderr
+    assert "field" not in result.stderr
+
+
+def test_unreachable_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    monkeypatch.setattr(
+        context,
+        "client_factory",
+        lambda project: Client(
+            "http://down.test:8470", None, transport=httpx.MockTransport(refuse)
+        ),
+    )
+
+    result = run("whoami")
+
+    assert result.exit_code == 1
+    assert "error [connection_failed]" in result.stderr
+    assert "http://down.test:8470" in result.stderr
+
+
+def test_scale_without_changes_is_a_usage_error(api: FakeApi) -> None:
+    result = run("clusters", "scale", "train")
+
+    assert result.exit_code == 2
+    assert api.requests == []
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def test_json_output_is_exactly_the_api_objects(api: FakeApi) -> None:
+    body = [cluster_json("ready", nodes=[node_json("train-0")])]
+    api.on("GET", "/v1/projects/default/clusters", ok(body))
+
+    result = run("clusters", "list", "--output", "json")
+
+    assert result.exit_code == 0, result.output
+    expected = [Cluster.model_validate(c).model_dump(mode="json") for c in body]
+    assert json.loads(result.stdout) == expected
+
+
+def test_table_output_lists_clusters(api: FakeApi) -> None:
+    nodes = [node_json("train-0"), node_json("train-1", "booting")]
+    api.on("GET", "/v1/projects/research/clusters", ok([cluster_json("ready", nodes=nodes)]))
+
+    result = run("clusters", "list", "--project", "research")
+
+    assert result.exit_code == 0, result.output
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split() == [
+        "NAME", "TYPE", "GPU_TYPE", "GPUS", "PREEMPTIBLE", "STATUS", "NODES", "AGE"
+    ]  # fmt: skip
+    assert row.split()[:7] == ["train", "slurm", "H100_SXM", "16", "0/8", "ready", "1/2"]
+
+
+def test_empty_list_prints_note_on_stderr_only(api: FakeApi) -> None:
+    api.on("GET", "/v1/projects/default/volumes", ok([]))
+
+    table = run("volumes", "list")
+    as_json = run("volumes", "list", "-o", "json")
+
+    assert (table.stdout, table.exit_code) == ("", 0)
+    assert "no volumes" in table.stderr
+    assert json.loads(as_json.stdout) == []
+
+
+def test_get_shows_detail_with_nodes_and_phases(api: FakeApi) -> None:
+    cluster = cluster_json("ready", phases=["queued", "ready"], nodes=[node_json("train-0")])
+    api.on("GET", "/v1/projects/default/clusters/train", ok(cluster))
+
+    result = run("clusters", "get", "train")
+
+    assert result.exit_code == 0, result.output
+    for text in ("status", "ready", "1/1 nodes running", "Phases", "queued", "train-0"):
+        assert text in result.stdout
+
+
+def test_events_table(api: FakeApi) -> None:
+    event = {
+        "node": "train-0",
+        "cluster": "train",
+        "reason": "Preempted",
+        "message": "host reclaimed",
+        "timestamp": T0,
+        "first_timestamp": T0,
+        "count": 2,
+    }
+    api.on("GET", "/v1/projects/default/events", ok([event]))
+
+    result = run("events", "--cluster", "train")
+
+    assert result.exit_code == 0, result.output
+    assert "TIME" in result.stdout and "REASON" in result.stdout
+    assert "Preempted" in result.stdout and "host reclaimed (x2)" in result.stdout
+    assert dict(api.requests[0].url.params) == {"cluster": "train"}
+
+
+def test_api_key_is_printed_with_a_shown_once_warning(api: FakeApi) -> None:
+    created = {
+        "user": "alice",
+        "project": "research",
+        "role": "admin",
+        "key": "gpc_abcdef123456",
+        "key_prefix": "gpc_abc",
+    }
+    api.on("POST", "/v1/api-keys", ok(created, 201))
+
+    table = run("api-keys", "create", "--user", "alice", "--project", "research", "--role", "admin")
+    as_json = run("api-keys", "create", "--user", "alice", "--project", "research", "-o", "json")
+
+    assert table.exit_code == 0, table.output
+    assert "gpc_abcdef123456" in table.stdout
+    assert "shown only once" in table.stderr
+    assert json.loads(as_json.stdout) == ApiKeyCreated.model_validate(created).model_dump(
+        mode="json"
+    )
+    assert json.loads(api.requests[0].content) == {
+        "user": "alice",
+        "project": "research",
+        "role": "admin",
+    }
+
+
+# --- create / scale / delete ----------------------------------------------------------------
+
+
+def test_create_maps_flags_to_the_request_body(api: FakeApi) -> None:
+    api.on("POST", "/v1/projects/default/clusters", ok(cluster_json(), 201))
+
+    result = run(
+        "clusters", "create", "train", "--type", "kubernetes", "--gpus", "16",
+        "--preemptible-gpus", "8", "--billing", "scheduled",
+        "--reservation-start", "2025-02-01T00:00:00Z", "--reservation-end", "2025-02-03T00:00:00Z",
+        "--volume-size-tib", "2", "-o", "json",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(api.requests[0].content) == {
+        "name": "train",
+        "cluster_type": "kubernetes",
+        "gpu_type": "H100_SXM",
+        "num_gpus": 16,
+        "num_preemptible_gpus": 8,
+        "billing_type": "scheduled_capacity",
+        "reservation_start": "2025-02-01T00:00:00Z",
+        "reservation_end": "2025-02-03T00:00:00Z",
+        "volume_size_tib": 2,
+    }
+    assert json.loads(result.stdout)["name"] == "train"
+
+
+def test_scale_patches_only_given_counts(api: FakeApi) -> None:
+    api.on("PATCH", "/v1/projects/default/clusters/train", ok(cluster_json("ready")))
+
+    result = run("clusters", "scale", "train", "--preemptible-gpus", "16")
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(api.requests[0].content) == {"num_preemptible_gpus": 16}
+
+
+def test_create_wait_streams_progress_to_stderr_and_json_to_stdout(api: FakeApi) -> None:
+    api.on("POST", "/v1/projects/default/clusters", ok(cluster_json("queued"), 201))
+    final = cluster_json(
+        "ready",
+        phases=["queued", "waiting_for_nodes", "ready"],
+        nodes=[node_json("train-0"), node_json("train-1")],
+    )
+    api.on(
+        "GET",
+        "/v1/projects/default/clusters/train",
+        ok(cluster_json("waiting_for_nodes", phases=["queued", "waiting_for_nodes"])),
+        ok(
+            cluster_json(
+                "waiting_for_nodes",
+                phases=["queued", "waiting_for_nodes"],
+                nodes=[node_json("train-0"), node_json("train-1", "booting")],
+            )
+        ),
+        ok(final),
+    )
+
+    result = run(
+        "clusters", "create", "train", "--type", "slurm", "--gpus", "16", "--wait", "-o", "json"
+    )
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == Cluster.model_validate(final).model_dump(mode="json")
+    err = result.stderr
+    positions = [err.index(p) for p in ("queued", "waiting_for_nodes", "  ready")]
+    assert positions == sorted(positions)
+    assert err.count("waiting_for_nodes") == 1  # each transition is shown once
+    assert "1/2 nodes running (1 booting)" in err
+    assert "2/2 nodes running" in err
+
+
+def test_create_wait_exits_nonzero_when_cluster_fails(api: FakeApi) -> None:
+    api.on("POST", "/v1/projects/default/clusters", ok(cluster_json("queued"), 201))
+    api.on("GET", "/v1/projects/default/clusters/train", ok(cluster_json("failed")))
+
+    result = run(
+        "clusters", "create", "train", "--type", "slurm", "--gpus", "16", "--wait", "-o", "json"
+    )
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "error [cluster_failed]: cluster train failed: acceptance tests failed" in result.stderr
+
+
+def test_delete_wait_returns_when_cluster_is_gone(api: FakeApi) -> None:
+    deleting = cluster_json("deleting", phases=["queued", "ready", "deleting"])
+    api.on("DELETE", "/v1/projects/default/clusters/train", ok(deleting, 202))
+    api.on(
+        "GET",
+        "/v1/projects/default/clusters/train",
+        ok(cluster_json("deleting", nodes=[node_json("train-0", "draining")])),
+        ok({"code": "not_found", "message": "cluster train not found", "field": None}, 404),
+    )
+
+    result = run("clusters", "delete", "train", "--delete-volume", "--wait", "--yes", "-o", "json")
+
+    assert result.exit_code == 0, result.output
+    assert dict(api.requests[0].url.params) == {"delete_volume": "true"}
+    assert json.loads(result.stdout)["status"] == "deleting"  # last state the API reported
+    assert "0/1 nodes running (1 draining)" in result.stderr
+    assert "cluster train is deleted" in result.stderr
+    assert "queued" not in result.stderr  # the create is not replayed
+
+
+# --- wiring --------------------------------------------------------------------------------
+
+
+def test_server_command_calls_server_run_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+    fake = types.ModuleType("gpuclusters.server.main")
+    fake.run = lambda **kwargs: calls.append(kwargs)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpuclusters.server.main", fake)
+
+    result = CliRunner().invoke(
+        app, ["server", "--provider", "netns"], env={"GPUCLUSTERS_PORT": "9000"}
+    )
+
+    assert result.exit_code == 0, result.output
+    assert calls == [{"host": None, "port": 9000, "provider": "netns"}]
+
+
+def test_default_factory_uses_config_file_and_project_flag(tmp_path: Path) -> None:
+    from gpuclusters.core.clientconfig import write_config
+
+    write_config(tmp_path / "home", url="http://cfg.test:1", api_key="k", project="p")
+
+    with context._default_client_factory("other") as client:
+        assert (client.url, client.project) == ("http://cfg.test:1", "other")
+
+
+def test_cli_import_does_not_load_the_server() -> None:
+    code = (
+        "import sys, gpuclusters.cli.main; "
+        "bad = [m for m in sys.modules if m.split('.')[:2] in "
+        "(['gpuclusters','server'], ['gpuclusters','providers'], ['gpuclusters','layers'])]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
