@@ -8,6 +8,8 @@ cluster converges with no duplicate or orphaned nodes.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,23 @@ def hosts_in_use(api: httpx.Client) -> dict[str, dict[str, Any]]:
     r = api.get("/v1/hosts")
     r.raise_for_status()
     return {h["name"]: h for h in r.json() if h["node"] is not None}
+
+
+def rewind_to_scheduling(server: ServerHandle, node_ids: list[str]) -> str:
+    """Put one booting node's row back to ``scheduling`` in the (stopped)
+    server's database: the state a crash leaves when it strikes between the
+    provider's create and the row recording it. Returns that node's id."""
+    assert not server.running
+    with contextlib.closing(sqlite3.connect(server.home / "gpuclusters.db")) as db:
+        for node_id in node_ids:
+            cur = db.execute(
+                "UPDATE nodes SET phase = 'scheduling' WHERE id = ? AND phase = 'booting'",
+                (node_id,),
+            )
+            if cur.rowcount == 1:
+                db.commit()
+                return node_id
+    raise AssertionError(f"no booting node row among {node_ids}")
 
 
 def create_cluster(api: httpx.Client, name: str, num_gpus: int) -> None:
@@ -97,6 +116,9 @@ def test_kill9_during_create_converges_without_duplicates(server_factory: Server
     assert {r["cluster_id"] for r in before.values()} == {next(iter(before.values()))["cluster_id"]}
     assert len({r["host"] for r in before.values()}) == len(before)
     assert all(r["boots"] == 1 and r["provisions"] == 1 for r in before.values())
+    # Widen the crash to its worst moment for one node: the provider made the
+    # instance, but the control plane never recorded that it asked.
+    rewound = rewind_to_scheduling(server, sorted(before))
 
     server.restart()
     with server.client() as api:
@@ -120,6 +142,7 @@ def test_kill9_during_create_converges_without_duplicates(server_factory: Server
             assert after[node_id]["booted_at"] == rec["booted_at"]
             assert after[node_id]["boots"] == 1
             assert after[node_id]["host"] == rec["host"]
+        assert after[rewound]["booted_at"] == before[rewound]["booted_at"]
 
         used = hosts_in_use(api)
         assert set(used) == set(node_hosts.values())

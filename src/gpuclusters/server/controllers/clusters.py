@@ -19,7 +19,7 @@ from gpuclusters.core.enums import ClusterStatus, ComputeClass, NodePhase, Volum
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.refs import cluster_ref
-from gpuclusters.server.db.models import Cluster, Node, Volume, utcnow
+from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
 from gpuclusters.server.db.records import set_cluster_status
 from gpuclusters.server.runtime import Runtime
 
@@ -112,10 +112,13 @@ class ClusterReconciler(Reconciler):
         if status is S.WAITING_FOR_NODES:
             if failed:
                 names = ", ".join(n.name for n in failed)
+                # A cluster that was ready before (this is a scale-up) only
+                # degrades; one that never became ready has failed.
+                was_ready = await self._was_ready(row_id)
                 return await self._transition(
                     row_id,
                     token,
-                    S.FAILED,
+                    S.DEGRADED if was_ready else S.FAILED,
                     f"node(s) failed to come up: {names}: {failed[0].message}",
                 )
             if len(running) >= wanted:
@@ -140,6 +143,15 @@ class ClusterReconciler(Reconciler):
                 row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
             )
         return False
+
+    async def _was_ready(self, row_id: str) -> bool:
+        async with self.ctx.sessionmaker() as session:
+            hit = await session.scalar(
+                select(ClusterPhase.id)
+                .where(ClusterPhase.cluster_id == row_id, ClusterPhase.phase == S.READY.value)
+                .limit(1)
+            )
+        return hit is not None
 
     async def _transition(self, row_id: str, token: str, status: S, message: str = "") -> bool:
         async with self.ctx.sessionmaker() as session:
