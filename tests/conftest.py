@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from gpuclusters.core.clientconfig import read_config
 from gpuclusters.server.app import create_app
+from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.settings import Settings
 from support.postgres import PostgresServer, postgres_server_fixture
 
@@ -44,6 +46,12 @@ class ApiHarness:
     client: httpx.AsyncClient
     settings: Settings
     admin_key: str
+    app: FastAPI
+
+    @property
+    def runtime(self) -> Runtime:
+        rt: Runtime = self.app.state.runtime
+        return rt
 
     def as_key(self, key: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -106,4 +114,4 @@ async def api(
             base_url="http://testserver",
             headers={"Authorization": f"Bearer {key}"},
         ) as client:
-            yield ApiHarness(client=client, settings=settings, admin_key=key)
+            yield ApiHarness(client=client, settings=settings, admin_key=key, app=app)

@@ -212,6 +212,27 @@ class ServerHandle:
         assert not self.running, "edit the provider's state only while the server is down"
         self.provider_file.write_text(json.dumps({"instances": instances}, indent=1))
 
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the real ``gpuclusters`` CLI against this server: it finds the
+        URL and the admin key in ``$GPUCLUSTERS_HOME/config.toml``; ``env``
+        adds (or overrides) variables such as GPUCLUSTERS_API_KEY."""
+        full_env = clean_env(GPUCLUSTERS_HOME=str(self.home), COLUMNS="200", NO_COLOR="1")
+        full_env.update(env or {})
+        try:
+            return subprocess.run(
+                [*console_script(), *args],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"gpuclusters {' '.join(args)} ran over {timeout:g}s: {exc}")
+
     def client(self, api_key: str | None = None) -> httpx.Client:
         return httpx.Client(
             base_url=self.url,

@@ -76,9 +76,16 @@ def create_cluster(api: httpx.Client, name: str, num_gpus: int) -> None:
 
 
 def wait_ready(server: ServerHandle, api: httpx.Client, name: str, timeout: float) -> None:
+    def ready() -> bool:
+        status = cluster_status(api, name)
+        if status == "failed":
+            r = api.get(f"{PROJECT}/clusters/{name}")
+            pytest.fail(f"cluster {name} failed instead of becoming ready: {r.text}")
+        return status == "ready"
+
     server.wait_for(
         f"cluster {name} to be ready",
-        lambda: cluster_status(api, name) == "ready",
+        ready,
         timeout=timeout,
         interval=0.2,
         describe=lambda: api.get(f"{PROJECT}/clusters/{name}").text,
