@@ -213,3 +213,18 @@ async def test_delete_keeps_volume_unless_asked(api: ApiHarness) -> None:
             break
         await api_sleep()
     assert (await api.client.get(f"{P}/volumes")).json() == []
+
+
+async def test_deleted_clusters_nodes_and_events_stay_listed(api: ApiHarness) -> None:
+    await _create(api)
+    await api.wait_cluster("demo", {"ready"})
+    await api.client.delete(f"{P}/clusters/demo")
+    await api.wait_cluster("demo", {"gone"})
+    live = await api.client.get(f"{P}/nodes", params={"cluster": "demo"})
+    assert live.status_code == 404
+    old = await api.client.get(f"{P}/nodes", params={"cluster": "demo", "include_deleted": True})
+    assert old.status_code == 200
+    assert [n["phase"] for n in old.json()] == ["deleted", "deleted"]
+    assert all(n["deleted_at"] for n in old.json())
+    events = (await api.client.get(f"{P}/events", params={"cluster": "demo"})).json()
+    assert sorted(e["reason"] for e in events) == ["NodeAdded", "NodeAdded"]

@@ -180,7 +180,8 @@ def test_kill9_during_delete_finishes_the_delete(server_factory: Servers) -> Non
 
     server.restart()
     with server.client() as api:
-        wait_gone(server, api, "doomed", timeout=30)
+        # Well under the 30 s lease TTL: the dead process's leases must be freed at start.
+        wait_gone(server, api, "doomed", timeout=15)
         assert server.instances() == {}
         assert hosts_in_use(api) == {}
         # (?cluster= names only live clusters, so filter the project's nodes here.)
@@ -198,8 +199,18 @@ def test_kill9_during_delete_finishes_the_delete(server_factory: Servers) -> Non
         assert volumes["doomed-shared"]["status"] == "available"
         assert volumes["doomed-shared"]["cluster"] is None
 
-        # The name is free again.
-        create_cluster(api, "doomed2", 8)
+        # The name is free again, and the kept volume can be attached to it.
+        r = api.post(
+            f"{PROJECT}/clusters",
+            json={
+                "name": "doomed",
+                "cluster_type": "slurm",
+                "num_gpus": 8,
+                "volume": "doomed-shared",
+            },
+        )
+        assert r.status_code == 201, r.text
+        assert r.json()["volume"] == "doomed-shared"
 
 
 def test_orphaned_instance_is_collected_at_start(server_factory: Servers) -> None:

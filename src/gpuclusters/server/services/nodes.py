@@ -14,17 +14,21 @@ from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import node_views
 
 
-async def _cluster_id(session: AsyncSession, project: Project, name: str) -> str:
-    cid = await session.scalar(
-        select(Cluster.id).where(
-            Cluster.project_id == project.id, Cluster.name == name, Cluster.deleted_at.is_(None)
-        )
-    )
-    if cid is None:
+async def _cluster_ids(
+    session: AsyncSession, project: Project, name: str, *, include_deleted: bool
+) -> list[str]:
+    """Ids of the clusters called ``name``: the live one, or with
+    ``include_deleted`` also earlier ones of that name (their nodes and events
+    stay listed after deletion)."""
+    q = select(Cluster.id).where(Cluster.project_id == project.id, Cluster.name == name)
+    if not include_deleted:
+        q = q.where(Cluster.deleted_at.is_(None))
+    ids = list(await session.scalars(q))
+    if not ids:
         raise NotFoundError(
             f"cluster {name!r} not found in project {project.name!r}", field="cluster"
         )
-    return cid
+    return ids
 
 
 async def _clusters(session: AsyncSession, ids: set[str]) -> dict[str, Cluster]:
@@ -44,7 +48,8 @@ async def list_nodes(
     )
     q = select(Node).where(Node.project_id == project.id)
     if cluster is not None:
-        q = q.where(Node.cluster_id == await _cluster_id(session, project, cluster))
+        ids = await _cluster_ids(session, project, cluster, include_deleted=include_deleted)
+        q = q.where(Node.cluster_id.in_(ids))
     if not include_deleted:
         q = q.where(Node.deleted_at.is_(None))
     nodes = list(await session.scalars(q.order_by(Node.created_at, Node.name)))
@@ -83,7 +88,8 @@ async def list_events(
     )
     q = select(NodeEvent).where(NodeEvent.project_id == project.id)
     if cluster is not None:
-        q = q.where(NodeEvent.cluster_id == await _cluster_id(session, project, cluster))
+        ids = await _cluster_ids(session, project, cluster, include_deleted=True)
+        q = q.where(NodeEvent.cluster_id.in_(ids))
     if node is not None:
         q = q.where(NodeEvent.node_name == node)
     events = list(await session.scalars(q.order_by(NodeEvent.timestamp.desc())))
