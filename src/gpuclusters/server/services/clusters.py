@@ -176,6 +176,10 @@ async def create_cluster(
                 count=body.num_gpus // GPUS_PER_NODE,
                 compute_class=ComputeClass.STANDARD.value,
             )
+            await session.flush()
+            # The answer is built inside the transaction, so it shows exactly
+            # what was created, not a mix with the controllers' first steps.
+            view = await cluster_view(session, cluster, project=project)
             await session.commit()
         except CapacityUnavailableError:
             await session.rollback()
@@ -188,7 +192,7 @@ async def create_cluster(
                 ) from None
             continue
         rt.hints.notify(hints.CLUSTERS, hints.NODES, hints.VOLUMES)
-        return await cluster_view(session, cluster, project=project)
+        return view
     raise AssertionError("unreachable")
 
 
@@ -237,23 +241,25 @@ async def update_cluster(
             _extend_reservation(cluster, body)
         if body.num_preemptible_gpus is not None:
             cluster.num_preemptible_gpus = body.num_preemptible_gpus
-        if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
-            try:
+        try:
+            if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
                 await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
-            except IntegrityError:
-                await session.rollback()
-                if attempt == PLACEMENT_ATTEMPTS - 1:
-                    raise CapacityUnavailableError(
-                        "hosts were taken by concurrent requests; try again", field="num_gpus"
-                    ) from None
-                continue
-            except CapacityUnavailableError:
-                await session.rollback()
-                raise
-        cluster.updated_at = utcnow()
-        await session.commit()
+            cluster.updated_at = utcnow()
+            await session.flush()
+            view = await cluster_view(session, cluster, project=project)
+            await session.commit()
+        except IntegrityError:
+            await session.rollback()
+            if attempt == PLACEMENT_ATTEMPTS - 1:
+                raise CapacityUnavailableError(
+                    "hosts were taken by concurrent requests; try again", field="num_gpus"
+                ) from None
+            continue
+        except CapacityUnavailableError:
+            await session.rollback()
+            raise
         rt.hints.notify(hints.CLUSTERS, hints.NODES)
-        return await cluster_view(session, cluster, project=project)
+        return view
     raise AssertionError("unreachable")
 
 
@@ -362,9 +368,10 @@ async def delete_cluster(
             if not n.to_delete:
                 n.to_delete = True
                 n.delete_reason = "cluster_delete"
-        await session.commit()
     elif delete_volume and not cluster.delete_volume:
         cluster.delete_volume = True
-        await session.commit()
+    await session.flush()
+    view = await cluster_view(session, cluster, project=project)
+    await session.commit()
     rt.hints.notify(hints.CLUSTERS, hints.NODES)
-    return await cluster_view(session, cluster, project=project)
+    return view
