@@ -132,3 +132,24 @@ class Reconciler(ABC):
             self._inflight.pop(row_id, None)
         if changed and not self._stopping:
             self.ctx.hints.notify(self.name)
+
+
+class SteppedReconciler(Reconciler):
+    """A reconciler that advances a row by small transitions: ``step`` makes
+    one and says whether anything changed; a pass takes up to
+    ``max_steps_per_pass`` of them while the lease is held, so a row moves
+    through quick phases without waiting for the next poll."""
+
+    max_steps_per_pass = 8
+
+    @abstractmethod
+    async def step(self, row_id: str, token: str) -> bool:
+        """One idempotent transition; True if something changed."""
+
+    async def reconcile(self, row_id: str, token: str) -> bool:
+        changed = False
+        for _ in range(self.max_steps_per_pass):
+            if not await self.step(row_id, token):
+                break
+            changed = True
+        return changed

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.enums import ClusterStatus, ComputeClass, NodePhase, VolumeStatus
 from gpuclusters.server.controllers import hints, leases
-from gpuclusters.server.controllers.base import ControllerContext, Reconciler
+from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import cluster_ref
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
 from gpuclusters.server.db.records import set_cluster_status
@@ -25,10 +25,9 @@ from gpuclusters.server.runtime import Runtime
 
 S = ClusterStatus
 _SETTLED = (S.READY.value, S.FAILED.value)
-MAX_STEPS_PER_PASS = 8
 
 
-class ClusterReconciler(Reconciler):
+class ClusterReconciler(SteppedReconciler):
     name = hints.CLUSTERS
     model = Cluster
 
@@ -50,14 +49,6 @@ class ClusterReconciler(Reconciler):
         )
         return list(rows)
 
-    async def reconcile(self, row_id: str, token: str) -> bool:
-        changed = False
-        for _ in range(MAX_STEPS_PER_PASS):
-            if not await self._step(row_id, token):
-                break
-            changed = True
-        return changed
-
     async def _load(self, session: AsyncSession, row_id: str) -> tuple[Cluster, list[Node]]:
         cluster = await session.get_one(Cluster, row_id)
         nodes = list(
@@ -67,7 +58,7 @@ class ClusterReconciler(Reconciler):
         )
         return cluster, nodes
 
-    async def _step(self, row_id: str, token: str) -> bool:
+    async def step(self, row_id: str, token: str) -> bool:
         """One transition; True if something changed."""
         async with self.ctx.sessionmaker() as session:
             cluster, nodes = await self._load(session, row_id)

@@ -21,18 +21,17 @@ from gpuclusters.core.enums import EventReason, NodePhase
 from gpuclusters.layers.base import PermanentLayerError
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.server.controllers import hints, leases
-from gpuclusters.server.controllers.base import ControllerContext, Reconciler
+from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, node_spec
 from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
 from gpuclusters.server.db.records import record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 
 P = NodePhase
-MAX_STEPS_PER_PASS = 8
 DRAIN_REASON = "gpuclusters: node removed"
 
 
-class NodeReconciler(Reconciler):
+class NodeReconciler(SteppedReconciler):
     name = hints.NODES
     model = Node
 
@@ -53,16 +52,12 @@ class NodeReconciler(Reconciler):
         return list(rows)
 
     async def reconcile(self, row_id: str, token: str) -> bool:
-        changed = False
-        for _ in range(MAX_STEPS_PER_PASS):
-            if not await self._step(row_id, token):
-                break
-            changed = True
+        changed = await super().reconcile(row_id, token)
         if changed:
-            self.ctx.hints.notify(hints.CLUSTERS)
+            self.ctx.hints.notify(hints.CLUSTERS)  # cluster status follows its nodes
         return changed
 
-    async def _step(self, row_id: str, token: str) -> bool:
+    async def step(self, row_id: str, token: str) -> bool:
         async with self.ctx.sessionmaker() as session:
             node = await session.get_one(Node, row_id)
             cluster = await session.get_one(Cluster, node.cluster_id)

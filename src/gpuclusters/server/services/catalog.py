@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuclusters.core import models as api
 from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.enums import HostState
+from gpuclusters.core.errors import ValidationError
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.server.db.models import Cluster, Host, Node
 from gpuclusters.server.security.principal import Principal
@@ -37,6 +38,16 @@ async def sync_hosts(session: AsyncSession, fleet: list[HostSpec]) -> None:
     for host in existing.values():
         host.in_fleet = False
     await session.commit()
+
+
+async def check_region(session: AsyncSession, region: str) -> None:
+    """Refuse a region where the fleet has no hosts."""
+    regions = set(await session.scalars(select(Host.region).where(Host.in_fleet.is_(True))))
+    if region not in regions:
+        raise ValidationError(
+            f"region: unknown region {region!r}; known: {', '.join(sorted(regions)) or 'none'}",
+            field="region",
+        )
 
 
 async def list_gpu_types(session: AsyncSession) -> list[api.GpuType]:

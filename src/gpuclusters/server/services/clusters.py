@@ -39,6 +39,7 @@ from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.allocation import allocate_nodes
+from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import cluster_view, cluster_views
 
@@ -64,12 +65,7 @@ async def _check_region(session: AsyncSession, *, region: str, gpu_type: str) ->
             f"gpu_type: unknown GPU type {gpu_type!r}; known: {', '.join(sorted(GPU_TYPES))}",
             field="gpu_type",
         )
-    regions = set(await session.scalars(select(Host.region).where(Host.in_fleet.is_(True))))
-    if region not in regions:
-        raise ValidationError(
-            f"region: unknown region {region!r}; known: {', '.join(sorted(regions)) or 'none'}",
-            field="region",
-        )
+    await check_region(session, region)
 
 
 async def _volume_for_create(

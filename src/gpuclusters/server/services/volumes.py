@@ -15,9 +15,10 @@ from gpuclusters.core.errors import (
     ValidationError,
 )
 from gpuclusters.server.controllers import hints
-from gpuclusters.server.db.models import Cluster, Host, Project, Volume
+from gpuclusters.server.db.models import Cluster, Project, Volume
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import volume_view
 
@@ -76,12 +77,7 @@ async def create_volume(
         session, principal=principal, name=project_name, need=ProjectRole.ADMIN
     )
     region = body.region or rt.settings.region
-    regions = set(await session.scalars(select(Host.region)))
-    if region not in regions:
-        raise ValidationError(
-            f"region: unknown region {region!r}; known: {', '.join(sorted(regions)) or 'none'}",
-            field="region",
-        )
+    await check_region(session, region)
     volume = Volume(
         project_id=project.id,
         name=body.name,
