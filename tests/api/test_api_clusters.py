@@ -228,3 +228,24 @@ async def test_deleted_clusters_nodes_and_events_stay_listed(api: ApiHarness) ->
     assert all(n["deleted_at"] for n in old.json())
     events = (await api.client.get(f"{P}/events", params={"cluster": "demo"})).json()
     assert sorted(e["reason"] for e in events) == ["NodeAdded", "NodeAdded"]
+
+
+async def test_concurrent_creates_fill_the_fleet_without_double_booking(api: ApiHarness) -> None:
+    async def create(i: int) -> int:
+        r = await api.client.post(
+            f"{P}/clusters", json={"name": f"c{i}", "cluster_type": "slurm", "num_gpus": 16}
+        )
+        return r.status_code
+
+    # 9 clusters of 2 nodes ask for 18 of the 16 H100 hosts, all at once.
+    codes = await asyncio.gather(*(create(i) for i in range(9)))
+    assert sorted(codes) == [201] * 8 + [409]
+    hosts = (await api.client.get("/v1/hosts")).json()
+    used = [h for h in hosts if h["node"] is not None]
+    assert len(used) == 16 and {h["gpu_type"] for h in used} == {"H100_SXM"}
+    clusters = (await api.client.get(f"{P}/clusters")).json()
+    assert len(clusters) == 8
+    for c in clusters:
+        assert len({n["host"] for n in c["nodes"]}) == 2
+    # Only the clusters that were created have volumes.
+    assert len((await api.client.get(f"{P}/volumes")).json()) == 8

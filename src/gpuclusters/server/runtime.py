@@ -4,6 +4,7 @@ handed to routers (as a dependency) and controllers (at construction)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -26,6 +27,8 @@ class Runtime:
     volumes: VolumeStore
     hints: Hints = field(default_factory=Hints)
     layers: dict[ClusterType, ClusterLayer] = field(default_factory=dict)
+    # Held while a request places nodes on hosts (see services.allocation).
+    placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def layer_for(self, cluster_type: str) -> ClusterLayer:
         return self.layers[ClusterType(cluster_type)]

@@ -8,10 +8,14 @@ the meantime the commit fails and the caller retries with a fresh view.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import string
+import zlib
+from collections.abc import AsyncIterator
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.placement import HostSlot, place_nodes
@@ -19,6 +23,22 @@ from gpuclusters.core.enums import HostState, NodePhase
 from gpuclusters.server.db.models import Cluster, Host, Node
 
 _ALPHABET = string.ascii_lowercase + string.digits
+PLACEMENT_LOCK_KEY = zlib.crc32(b"gpuclusters.placement")
+
+
+@contextlib.asynccontextmanager
+async def placement_guard(session: AsyncSession, lock: asyncio.Lock) -> AsyncIterator[None]:
+    """Serialise placement decisions, so concurrent creates do not all pick
+    the same free hosts: within this process with ``lock``; across server
+    processes on PostgreSQL with a transaction-scoped advisory lock, released
+    when the caller commits or rolls back. (SQLite serialises writers itself;
+    the unique index on live hosts stays the last word everywhere.)"""
+    async with lock:
+        if session.get_bind().dialect.name == "postgresql":
+            await session.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": PLACEMENT_LOCK_KEY}
+            )
+        yield
 
 
 def node_name(cluster_name: str, compute_class: str) -> str:

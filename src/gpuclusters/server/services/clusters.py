@@ -8,6 +8,8 @@ is no capacity and a crash can never leave a cluster without its node rows
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,7 +40,7 @@ from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, u
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
-from gpuclusters.server.services.allocation import allocate_nodes
+from gpuclusters.server.services.allocation import allocate_nodes, placement_guard
 from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import cluster_view, cluster_views
@@ -129,67 +131,94 @@ async def create_cluster(
     project_name: str,
     body: api.ClusterCreate,
 ) -> api.Cluster:
-    region = body.region or rt.settings.region
-    for attempt in range(PLACEMENT_ATTEMPTS):
-        project = await resolve_project(
-            session, principal=principal, name=project_name, need=ProjectRole.ADMIN
-        )
-        await _check_region(session, region=region, gpu_type=body.gpu_type)
-        if await session.scalar(
-            select(Cluster.id).where(
-                Cluster.project_id == project.id,
-                Cluster.name == body.name,
-                Cluster.deleted_at.is_(None),
-            )
-        ):
-            raise AlreadyExistsError(f"cluster {body.name!r} already exists", field="name")
-        volume = await _volume_for_create(session, project=project, body=body, region=region)
-        await session.flush()
-        cluster = Cluster(
-            project_id=project.id,
-            name=body.name,
-            cluster_type=body.cluster_type.value,
-            gpu_type=body.gpu_type,
-            region=region,
-            num_gpus=body.num_gpus,
-            num_preemptible_gpus=body.num_preemptible_gpus,
-            billing_type=body.billing_type.value,
-            reservation_start=body.reservation_start,
-            reservation_end=body.reservation_end,
-            cuda_version=body.cuda_version,
-            driver_version=body.driver_version,
-            status="",  # set just below, so the phase history starts with queued
-            volume_id=volume.id,
-            created_by=principal.user_name,
-        )
-        session.add(cluster)
-        await session.flush()
-        await set_cluster_status(session, cluster, ClusterStatus.QUEUED.value, "accepted")
-        try:
-            await allocate_nodes(
-                session,
-                cluster=cluster,
-                count=body.num_gpus // GPUS_PER_NODE,
-                compute_class=ComputeClass.STANDARD.value,
-            )
-            await session.flush()
-            # The answer is built inside the transaction, so it shows exactly
-            # what was created, not a mix with the controllers' first steps.
-            view = await cluster_view(session, cluster, project=project)
-            await session.commit()
-        except CapacityUnavailableError:
-            await session.rollback()
-            raise
-        except IntegrityError:
-            await session.rollback()
-            if attempt == PLACEMENT_ATTEMPTS - 1:
-                raise CapacityUnavailableError(
-                    "hosts were taken by concurrent requests; try again", field="num_gpus"
-                ) from None
-            continue
-        rt.hints.notify(hints.CLUSTERS, hints.NODES, hints.VOLUMES)
-        return view
+    view = await _placing(
+        rt,
+        session,
+        lambda: _create_once(
+            session, rt=rt, principal=principal, project_name=project_name, body=body
+        ),
+    )
+    rt.hints.notify(hints.CLUSTERS, hints.NODES, hints.VOLUMES)
+    return view
+
+
+async def _placing(
+    rt: Runtime, session: AsyncSession, attempt: Callable[[], Awaitable[api.Cluster]]
+) -> api.Cluster:
+    """Run one create/scale transaction under the placement guard. The guard
+    makes conflicts rare; if another server process still took a host first
+    (the unique index says so at commit), place again with a fresh view."""
+    for n in range(PLACEMENT_ATTEMPTS):
+        async with placement_guard(session, rt.placement_lock):
+            try:
+                return await attempt()
+            except IntegrityError:
+                await session.rollback()
+                if n == PLACEMENT_ATTEMPTS - 1:
+                    raise CapacityUnavailableError(
+                        "hosts were taken by concurrent requests; try again", field="num_gpus"
+                    ) from None
+            except BaseException:
+                await session.rollback()  # a failed request leaves nothing behind
+                raise
     raise AssertionError("unreachable")
+
+
+async def _create_once(
+    session: AsyncSession,
+    *,
+    rt: Runtime,
+    principal: Principal,
+    project_name: str,
+    body: api.ClusterCreate,
+) -> api.Cluster:
+    region = body.region or rt.settings.region
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.ADMIN
+    )
+    await _check_region(session, region=region, gpu_type=body.gpu_type)
+    if await session.scalar(
+        select(Cluster.id).where(
+            Cluster.project_id == project.id,
+            Cluster.name == body.name,
+            Cluster.deleted_at.is_(None),
+        )
+    ):
+        raise AlreadyExistsError(f"cluster {body.name!r} already exists", field="name")
+    volume = await _volume_for_create(session, project=project, body=body, region=region)
+    await session.flush()
+    cluster = Cluster(
+        project_id=project.id,
+        name=body.name,
+        cluster_type=body.cluster_type.value,
+        gpu_type=body.gpu_type,
+        region=region,
+        num_gpus=body.num_gpus,
+        num_preemptible_gpus=body.num_preemptible_gpus,
+        billing_type=body.billing_type.value,
+        reservation_start=body.reservation_start,
+        reservation_end=body.reservation_end,
+        cuda_version=body.cuda_version,
+        driver_version=body.driver_version,
+        status="",  # set just below, so the phase history starts with queued
+        volume_id=volume.id,
+        created_by=principal.user_name,
+    )
+    session.add(cluster)
+    await session.flush()
+    await set_cluster_status(session, cluster, ClusterStatus.QUEUED.value, "accepted")
+    await allocate_nodes(
+        session,
+        cluster=cluster,
+        count=body.num_gpus // GPUS_PER_NODE,
+        compute_class=ComputeClass.STANDARD.value,
+    )
+    await session.flush()
+    # The answer is built inside the transaction, so it shows exactly what
+    # was created, not a mix with the controllers' first steps.
+    view = await cluster_view(session, cluster, project=project)
+    await session.commit()
+    return view
 
 
 async def list_clusters(
@@ -226,7 +255,7 @@ async def update_cluster(
     name: str,
     body: api.ClusterUpdate,
 ) -> api.Cluster:
-    for attempt in range(PLACEMENT_ATTEMPTS):
+    async def attempt() -> api.Cluster:
         project = await resolve_project(
             session, principal=principal, name=project_name, need=ProjectRole.ADMIN
         )
@@ -237,26 +266,17 @@ async def update_cluster(
             _extend_reservation(cluster, body)
         if body.num_preemptible_gpus is not None:
             cluster.num_preemptible_gpus = body.num_preemptible_gpus
-        try:
-            if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
-                await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
-            cluster.updated_at = utcnow()
-            await session.flush()
-            view = await cluster_view(session, cluster, project=project)
-            await session.commit()
-        except IntegrityError:
-            await session.rollback()
-            if attempt == PLACEMENT_ATTEMPTS - 1:
-                raise CapacityUnavailableError(
-                    "hosts were taken by concurrent requests; try again", field="num_gpus"
-                ) from None
-            continue
-        except CapacityUnavailableError:
-            await session.rollback()
-            raise
-        rt.hints.notify(hints.CLUSTERS, hints.NODES)
+        if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
+            await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
+        cluster.updated_at = utcnow()
+        await session.flush()
+        view = await cluster_view(session, cluster, project=project)
+        await session.commit()
         return view
-    raise AssertionError("unreachable")
+
+    view = await _placing(rt, session, attempt)
+    rt.hints.notify(hints.CLUSTERS, hints.NODES)
+    return view
 
 
 def _extend_reservation(cluster: Cluster, body: api.ClusterUpdate) -> None:
