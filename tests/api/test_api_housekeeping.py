@@ -3,19 +3,17 @@ orphaned provider instances are removed."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from conftest import ApiHarness
 from gpuclusters.providers.base import NodeSpec
-from gpuclusters.server.controllers.housekeeping import collect_orphans, expire_events
-from gpuclusters.server.db.models import Node, NodeEvent, utcnow
+from gpuclusters.server.controllers.housekeeping import collect_orphans
+from gpuclusters.server.db.models import Node
 
 P = "/v1/projects/default"
 
 
-async def _ready_cluster(api: ApiHarness) -> dict[str, object]:
+async def ready_cluster(api: ApiHarness) -> dict[str, object]:
     r = await api.client.post(
         f"{P}/clusters", json={"name": "demo", "cluster_type": "slurm", "num_gpus": 16}
     )
@@ -24,7 +22,7 @@ async def _ready_cluster(api: ApiHarness) -> dict[str, object]:
 
 
 async def test_vanished_node_degrades_cluster(api: ApiHarness) -> None:
-    await _ready_cluster(api)
+    await ready_cluster(api)
     rt = api.runtime
     async with rt.sessionmaker() as s:
         victim = (await s.scalars(select(Node).where(Node.deleted_at.is_(None)))).first()
@@ -38,25 +36,8 @@ async def test_vanished_node_degrades_cluster(api: ApiHarness) -> None:
     assert "NodeFailed" in {e["reason"] for e in events}
 
 
-async def test_old_events_expire(api: ApiHarness) -> None:
-    await _ready_cluster(api)
-    rt = api.runtime
-    async with rt.sessionmaker() as s:
-        first = (await s.scalars(select(NodeEvent))).first()
-        assert first is not None
-        await s.execute(
-            update(NodeEvent)
-            .where(NodeEvent.id == first.id)
-            .values(timestamp=utcnow() - timedelta(hours=73))
-        )
-        await s.commit()
-    assert await expire_events(rt) == 1
-    events = (await api.client.get(f"{P}/events")).json()
-    assert len(events) == 1 and events[0]["node"] != first.node_name
-
-
 async def test_orphans_are_collected_and_live_nodes_kept(api: ApiHarness) -> None:
-    ready = await _ready_cluster(api)
+    ready = await ready_cluster(api)
     rt = api.runtime
     await rt.provider.create(
         NodeSpec("deadbeef", "ghost", "c", "c", "h100-b-08", "H100_SXM", "standard")

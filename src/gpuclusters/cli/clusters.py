@@ -9,7 +9,11 @@ final object on stdout; a failed cluster exits with status 1.
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -304,3 +308,75 @@ def delete(
     if output is OutputFormat.JSON:
         # The last state the API reported before it answered 404.
         print_json(last or cluster)
+
+
+@app.command("ssh")
+@api_command
+def ssh(
+    name: Annotated[str, typer.Argument()],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="command to run (after --); default: a login shell")
+    ] = None,
+    *,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="a node by name (default: the login node)", show_default=False),
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """Open a shell (or run CMD) on the login node or a named node, as your own
+    Unix account on the cluster: `gpuclusters clusters ssh demo -- sinfo`."""
+    with open_client(project) as client:
+        target = client.clusters.ssh_target(name, node=node, command=list(command or []))
+    if shutil.which(target.argv[0]) is None:
+        raise typer.BadParameter(f"{target.argv[0]} is not installed here", param_hint="ssh")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Replace this process: exit status, signals and the terminal belong to
+    # the remote command from here on.
+    os.execvp(target.argv[0], target.argv)
+
+
+def _read_opt_file(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from exc
+
+
+@app.command("configure")
+@api_command
+def configure(
+    name: Annotated[str, typer.Argument()],
+    *,
+    slurm_extra_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--slurm-extra-config", help="file of extra slurm.conf lines", show_default=False
+        ),
+    ] = None,
+    prolog: Annotated[
+        Path | None, typer.Option("--prolog", help="prolog script file", show_default=False)
+    ] = None,
+    epilog: Annotated[
+        Path | None, typer.Option("--epilog", help="epilog script file", show_default=False)
+    ] = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Change a Slurm cluster's own settings; the running cluster is
+    reconfigured live. Settings not given keep their current value."""
+    with open_client(project) as client:
+        current = client.clusters.get(name)
+        settings = current.slurm.model_dump() if current.slurm else {}
+        for key, value in (
+            ("extra_config", _read_opt_file(slurm_extra_config)),
+            ("prolog", _read_opt_file(prolog)),
+            ("epilog", _read_opt_file(epilog)),
+        ):
+            if value is not None:
+                settings[key] = value
+        cluster = client.clusters.update(name, {"slurm": settings})
+    _show(output, cluster)

@@ -32,6 +32,7 @@ app.add_typer(org.gpu_types_app, name="gpu-types")
 app.add_typer(org.regions_app, name="regions")
 app.command("whoami")(org.whoami)
 app.command("server")(server.server)
+app.command("up")(server.up)
 
 
 def _version(value: bool) -> None:

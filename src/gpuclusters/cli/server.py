@@ -11,6 +11,7 @@ providers it has, so the CLI keeps no list of its own to drift.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Annotated
 
 import typer
@@ -18,6 +19,7 @@ import typer
 from gpuclusters.cli.context import api_command
 
 SERVER_MODULE = "gpuclusters.server.main"
+EMBEDDED_PROVIDER = "netns"
 
 
 @api_command
@@ -56,3 +58,30 @@ def server(
     """Run the gpuclusters API server (and its controllers) in the foreground."""
     module = importlib.import_module(SERVER_MODULE)
     module.run(host=host, port=port, provider=provider)
+
+
+@api_command
+def up(
+    *,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            envvar="GPUCLUSTERS_PORT",
+            min=1,
+            max=65535,
+            show_default=False,
+            help="port to listen on (default: 8470)",
+        ),
+    ] = None,
+) -> None:
+    """Start gpuclusters on the embedded fleet (nodes made of Linux
+    namespaces on this machine) and say what to do next. Needs root.
+    Ctrl-C stops it; clusters come back at the next start."""
+    if os.geteuid() != 0:
+        raise typer.BadParameter(
+            "the embedded fleet makes Linux namespaces, which needs root (try sudo)",
+            param_hint="up",
+        )
+    module = importlib.import_module(SERVER_MODULE)
+    module.run(host=None, port=port, provider=EMBEDDED_PROVIDER, announce=True)

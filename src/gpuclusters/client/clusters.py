@@ -32,7 +32,7 @@ from gpuclusters.client._session import Session, body_of
 from gpuclusters.client.errors import ClusterFailedError, WaitTimeoutError
 from gpuclusters.core.enums import ClusterStatus
 from gpuclusters.core.errors import InvalidStateError, NotFoundError
-from gpuclusters.core.models import Cluster, ClusterCreate, ClusterUpdate
+from gpuclusters.core.models import Cluster, ClusterCreate, ClusterUpdate, SshTarget
 
 WaitGoal = Literal["ready", "deleted"]
 OnChange = Callable[[Cluster], None]
@@ -84,6 +84,19 @@ class ClustersAPI:
             self._s.project_path("clusters", name),
             model=Cluster,
             params={"delete_volume": True if delete_volume else None},
+        )
+
+    def ssh_target(
+        self, name: str, *, node: str | None = None, command: builtins.list[str] | None = None
+    ) -> SshTarget:
+        """Where (and as which Unix account) the caller's shell on the
+        cluster runs; on the embedded fleet ``argv`` is a local command."""
+        return self._s.send(
+            "POST",
+            self._s.project_path("clusters", name, "ssh"),
+            model=SshTarget,
+            params={"node": node},
+            json={"command": command or []},
         )
 
     @overload

@@ -187,6 +187,33 @@ class Volume(_Out):
 # --- clusters -----------------------------------------------------------------
 
 
+MAX_SCRIPT_BYTES = 64 * 1024
+
+
+class SlurmSettings(_Model):
+    """The parts of a Slurm cluster's configuration users own. Saving them
+    reconfigures the running cluster (``scontrol reconfigure``)."""
+
+    extra_config: str = Field(
+        default="",
+        max_length=MAX_SCRIPT_BYTES,
+        description="extra slurm.conf lines; keys the service owns are refused",
+    )
+    prolog: str | None = Field(
+        default=None, max_length=MAX_SCRIPT_BYTES, description="prolog script (run before jobs)"
+    )
+    epilog: str | None = Field(
+        default=None, max_length=MAX_SCRIPT_BYTES, description="epilog script (run after jobs)"
+    )
+
+    @field_validator("prolog", "epilog")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        if v is not None and v.strip() and not v.startswith("#!"):
+            raise ValueError("must start with an interpreter line such as '#!/bin/bash'")
+        return v
+
+
 class ClusterCreate(_Model):
     name: Name
     cluster_type: ClusterType
@@ -201,6 +228,7 @@ class ClusterCreate(_Model):
     volume_size_tib: int | None = Field(default=None, description="create a new volume")
     cuda_version: str | None = None
     driver_version: str | None = None
+    slurm: SlurmSettings | None = Field(default=None, description="Slurm clusters only")
 
     _name = field_validator("name")(check_name)
 
@@ -223,6 +251,8 @@ class ClusterCreate(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.slurm is not None and self.cluster_type is not ClusterType.SLURM:
+            raise ValueError("slurm: only Slurm clusters have Slurm settings")
         if self.volume is not None and self.volume_size_tib is not None:
             raise ValueError("volume: give either an existing volume or volume_size_tib, not both")
         if self.billing_type in (BillingType.RESERVED, BillingType.SCHEDULED_CAPACITY):
@@ -253,6 +283,7 @@ class ClusterUpdate(_Model):
     num_gpus: int | None = None
     num_preemptible_gpus: int | None = None
     reservation_end: datetime | None = None
+    slurm: SlurmSettings | None = None
 
     @field_validator("num_gpus")
     @classmethod
@@ -280,9 +311,11 @@ class Node(_Out):
     gpu_type: str
     num_gpus: int = GPUS_PER_NODE
     cordoned: bool = False
+    address: str | None = None
     message: str = ""
     created_at: datetime
     ready_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
     deleted_at: datetime | None = None
 
 
@@ -304,6 +337,7 @@ class Cluster(_Out):
     volume: str | None = None
     cuda_version: str | None = None
     driver_version: str | None = None
+    slurm: SlurmSettings | None = None
     phase_history: list[PhaseTransition]
     nodes: list[Node]
     created_at: datetime
@@ -319,3 +353,21 @@ class NodeEvent(_Out):
     timestamp: datetime
     first_timestamp: datetime
     count: int
+
+
+class AgentHeartbeat(_Model):
+    """What a node agent reports (internal API, not under /v1)."""
+
+    node_id: str
+    seq: int
+    sent_at: float
+    gpus: list[dict[str, object]] = Field(default_factory=list)
+
+
+class SshTarget(_Out):
+    """How to reach a node's shell as the caller's own Unix account."""
+
+    cluster: str
+    node: str
+    user: str
+    argv: list[str]

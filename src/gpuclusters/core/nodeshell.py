@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,7 @@ class NodeShell(Protocol):
         caller's terminal attached (for ``gpuclusters clusters ssh``)."""
 
 
+@runtime_checkable
 class NodeAccess(Protocol):
     """What a provider offers layers: shells on nodes, and service nodes
     (a cluster's controller and login machines, which hold no GPU host)."""

@@ -25,12 +25,25 @@ class PermanentLayerError(LayerError):
 
 
 @dataclass(frozen=True, slots=True)
+class UnixUser:
+    """A project member's account on the cluster's nodes: the same name and
+    uid everywhere, home under /home."""
+
+    name: str
+    uid: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterRef:
     cluster_id: str
     name: str
     cluster_type: str
     gpu_type: str
     volume_id: str | None
+    slurm_extra_config: str = ""
+    slurm_prolog: str | None = None
+    slurm_epilog: str | None = None
+    users: tuple[UnixUser, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +84,11 @@ class ClusterLayer(ABC):
     @abstractmethod
     async def delete(self, cluster: ClusterRef) -> None:
         """Stop the control plane and forget the cluster; idempotent."""
+
+    async def apply_config(self, cluster: ClusterRef) -> None:  # noqa: B027 (optional)
+        """Apply the cluster's user-settable configuration to the running
+        cluster (e.g. slurm.conf extras, prolog/epilog, then reconfigure).
+        Idempotent. Layers without such settings keep this no-op."""
 
     @abstractmethod
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:

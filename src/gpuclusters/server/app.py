@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -32,7 +33,7 @@ from gpuclusters.server.controllers.nodes import NodeReconciler
 from gpuclusters.server.controllers.volumes import VolumeReconciler
 from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.migrate import upgrade_to_head
-from gpuclusters.server.routers import catalog, clusters, system, volumes
+from gpuclusters.server.routers import agents, catalog, clusters, system, volumes
 from gpuclusters.server.runtime import Runtime, layers_for_provider
 from gpuclusters.server.services import tenancy
 from gpuclusters.server.services.catalog import sync_hosts
@@ -105,7 +106,22 @@ def make_reconcilers(rt: Runtime) -> list[Reconciler]:
     return [ClusterReconciler(ctx, rt), NodeReconciler(ctx, rt), VolumeReconciler(ctx, rt)]
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def announcement(settings: Settings) -> str:
+    """What ``gpuclusters up`` tells a new user once the server is ready."""
+    home = settings.home
+    env = "" if home == Settings().home else f"GPUCLUSTERS_HOME={home} "
+    return (
+        f"\ngpuclusters is up at {settings.public_url} (provider {settings.provider}).\n"
+        f"Your admin API key and the URL are in {home / 'config.toml'}; the CLI reads them.\n"
+        "Next, in another terminal:\n"
+        f"  {env}gpuclusters clusters create demo --type slurm --gpus 16 --wait\n"
+        f"  {env}gpuclusters clusters ssh demo -- sinfo\n"
+        f"  {env}gpuclusters clusters delete demo --wait\n"
+        "Press Ctrl-C to stop; clusters come back at the next start.\n"
+    )
+
+
+def create_app(settings: Settings | None = None, *, announce: bool = False) -> FastAPI:
     settings = settings or Settings()
 
     @contextlib.asynccontextmanager
@@ -128,6 +144,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.public_url,
             settings.provider,
         )
+        if announce:
+            print(announcement(settings), file=sys.stderr, flush=True)
         try:
             yield
         finally:
@@ -157,6 +175,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
         return response
 
-    for router in (system.router, catalog.router, clusters.router, volumes.router):
+    for router in (system.router, catalog.router, clusters.router, volumes.router, agents.router):
         app.include_router(router)
     return app

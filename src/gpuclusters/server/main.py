@@ -8,7 +8,10 @@ re-adopted at the next start.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -20,7 +23,23 @@ from gpuclusters.server.app import create_app
 from gpuclusters.server.settings import Settings
 
 
-def run(*, host: str | None, port: int | None, provider: str | None) -> None:
+def agent_socket(home: Path) -> socket.socket:
+    """The unix socket node agents reach the control plane on. It lives in
+    ``$HOME/run``, which providers mount into nodes at /run/gpuclusters."""
+    run_dir = home / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "agent.sock"
+    path.unlink(missing_ok=True)  # left by a previous (killed) server
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    # Agents run as root inside nodes; users in nodes have no business here.
+    os.chmod(path, 0o600)
+    return sock
+
+
+def run(
+    *, host: str | None, port: int | None, provider: str | None, announce: bool = False
+) -> None:
     overrides: dict[str, Any] = {}
     if host is not None:
         overrides["host"] = host

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gpuclusters.core.enums import ClusterType
+from gpuclusters.core.nodeshell import NodeAccess
 from gpuclusters.layers.base import ClusterLayer
 from gpuclusters.layers.noop.layer import NoopLayer
 from gpuclusters.providers.base import NodeProvider
@@ -29,6 +30,11 @@ class Runtime:
     layers: dict[ClusterType, ClusterLayer] = field(default_factory=dict)
     # Held while a request places nodes on hosts (see services.allocation).
     placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def node_access(self) -> NodeAccess | None:
+        """Shells on nodes, where the provider offers them (netns does)."""
+        return self.provider if isinstance(self.provider, NodeAccess) else None
 
     def layer_for(self, cluster_type: str) -> ClusterLayer:
         return self.layers[ClusterType(cluster_type)]

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuclusters.core.enums import ClusterStatus, ComputeClass, NodePhase, VolumeStatus
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
-from gpuclusters.server.controllers.refs import cluster_ref
+from gpuclusters.server.controllers.refs import load_cluster_ref
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
 from gpuclusters.server.db.records import set_cluster_status
 from gpuclusters.server.runtime import Runtime
@@ -44,7 +44,9 @@ class ClusterReconciler(SteppedReconciler):
         rows = await session.scalars(
             select(Cluster.id).where(
                 Cluster.deleted_at.is_(None),
-                Cluster.status.not_in(_SETTLED) | unsettled_node,
+                Cluster.status.not_in(_SETTLED)
+                | unsettled_node
+                | (Cluster.config_generation != Cluster.applied_config_generation),
             )
         )
         return list(rows)
@@ -62,9 +64,9 @@ class ClusterReconciler(SteppedReconciler):
         """One transition; True if something changed."""
         async with self.ctx.sessionmaker() as session:
             cluster, nodes = await self._load(session, row_id)
+            ref = await load_cluster_ref(session, cluster)
         status = S(cluster.status)
         layer = self.rt.layer_for(cluster.cluster_type)
-        ref = cluster_ref(cluster)
 
         if status is S.DELETING:
             if nodes:
@@ -124,6 +126,20 @@ class ClusterReconciler(SteppedReconciler):
             return await self._transition(
                 row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
             )
+
+        if status in (S.READY, S.DEGRADED) and (
+            cluster.applied_config_generation != cluster.config_generation
+        ):
+            generation = cluster.config_generation
+            await layer.apply_config(ref)
+            async with self.ctx.sessionmaker() as session:
+                await leases.fence(
+                    session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+                )
+                row = await session.get_one(Cluster, row_id)
+                row.applied_config_generation = generation
+                await session.commit()
+            return True
 
         if status in (S.READY, S.DEGRADED):
             if failed or len(running) < wanted:

@@ -22,13 +22,15 @@ from gpuclusters.layers.base import PermanentLayerError
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
-from gpuclusters.server.controllers.refs import cluster_ref, node_ref, node_spec
+from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref, node_spec
 from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
 from gpuclusters.server.db.records import record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
+from gpuclusters.server.security.keys import hash_key, new_key
 
 P = NodePhase
 DRAIN_REASON = "gpuclusters: node removed"
+AGENT_TOKEN_PATH = "/etc/gpuclusters/agent-token"
 
 
 class NodeReconciler(SteppedReconciler):
@@ -62,9 +64,10 @@ class NodeReconciler(SteppedReconciler):
             node = await session.get_one(Node, row_id)
             cluster = await session.get_one(Cluster, node.cluster_id)
             host = await session.get(Host, node.host_id) if node.host_id else None
+            cref = await load_cluster_ref(session, cluster)
         phase = P(node.phase)
         layer = self.rt.layer_for(cluster.cluster_type)
-        cref, nref = cluster_ref(cluster), node_ref(node, host)
+        nref = node_ref(node, host)
 
         if node.deleted_at is not None:
             return False
@@ -114,6 +117,8 @@ class NodeReconciler(SteppedReconciler):
             return False
 
         if phase is P.BOOTSTRAPPING:
+            if node.agent_token_hash is None and self.rt.node_access is not None:
+                return await self._enroll_agent(row_id, token)
             try:
                 joined = await layer.join_node(cref, nref)
             except PermanentLayerError as exc:
@@ -123,6 +128,23 @@ class NodeReconciler(SteppedReconciler):
             return await self._write(row_id, token, phase=P.RUNNING)
 
         return False
+
+    async def _enroll_agent(self, row_id: str, token: str) -> bool:
+        """Give the node's agent its token (only the hash is kept) and learn
+        the node's address. Re-running makes a new token: harmless, the old
+        one was never recorded."""
+        access = self.rt.node_access
+        assert access is not None
+        shell = await access.shell(row_id)
+        agent_token = new_key()
+        await shell.write_file(AGENT_TOKEN_PATH, agent_token.encode() + b"\n", mode=0o600)
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            node = await session.get_one(Node, row_id)
+            node.agent_token_hash = hash_key(agent_token)
+            node.address = shell.address
+            await session.commit()
+        return True
 
     async def _write(
         self,

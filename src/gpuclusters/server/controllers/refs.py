@@ -3,19 +3,51 @@ so those packages never see SQLAlchemy objects."""
 
 from __future__ import annotations
 
-from gpuclusters.layers.base import ClusterRef, NodeRef
+from sqlalchemy import or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.layers.base import ClusterRef, NodeRef, UnixUser
 from gpuclusters.providers.base import NodeSpec
-from gpuclusters.server.db.models import Cluster, Host, Node
+from gpuclusters.server.db.models import Cluster, Host, Node, Project, ProjectMember, User
 
 
-def cluster_ref(cluster: Cluster) -> ClusterRef:
+def cluster_ref(cluster: Cluster, users: tuple[UnixUser, ...] = ()) -> ClusterRef:
     return ClusterRef(
         cluster_id=cluster.id,
         name=cluster.name,
         cluster_type=cluster.cluster_type,
         gpu_type=cluster.gpu_type,
         volume_id=cluster.volume_id,
+        slurm_extra_config=cluster.slurm_extra_config,
+        slurm_prolog=cluster.slurm_prolog,
+        slurm_epilog=cluster.slurm_epilog,
+        users=users,
     )
+
+
+async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUser, ...]:
+    """Accounts the cluster's nodes must have: every member of its project,
+    and the organization's admins (they may act in every project)."""
+    project = await session.get_one(Project, cluster.project_id)
+    rows = await session.scalars(
+        select(User)
+        .where(
+            User.organization_id == project.organization_id,
+            User.uid.is_not(None),
+            or_(
+                User.is_admin.is_(True),
+                User.id.in_(
+                    select(ProjectMember.user_id).where(ProjectMember.project_id == project.id)
+                ),
+            ),
+        )
+        .order_by(User.uid)
+    )
+    return tuple(UnixUser(name=u.name, uid=u.uid) for u in rows if u.uid is not None)
+
+
+async def load_cluster_ref(session: AsyncSession, cluster: Cluster) -> ClusterRef:
+    return cluster_ref(cluster, await cluster_users(session, cluster))
 
 
 def node_ref(node: Node, host: Host | None) -> NodeRef:

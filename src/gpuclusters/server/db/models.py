@@ -83,11 +83,17 @@ class Project(Base):
 
 class User(Base):
     __tablename__ = "users"
-    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    __table_args__ = (
+        UniqueConstraint("organization_id", "name"),
+        UniqueConstraint("organization_id", "uid", name="uq_users_org_uid"),
+    )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
     name: Mapped[str] = mapped_column(String(64))
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Unix uid of the user's account on cluster nodes: the same on every node
+    # of every cluster, so files on shared volumes keep their owner.
+    uid: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -180,6 +186,14 @@ class Cluster(LeaseMixin, Base):
     status_message: Mapped[str] = mapped_column(Text, default="")
     delete_volume: Mapped[bool] = mapped_column(Boolean, default=False)
     volume_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    # Slurm settings users may change; a change bumps config_generation and
+    # the cluster reconciler applies it live until applied_config_generation
+    # catches up.
+    slurm_extra_config: Mapped[str] = mapped_column(Text, default="")
+    slurm_prolog: Mapped[str | None] = mapped_column(Text, default=None)
+    slurm_epilog: Mapped[str | None] = mapped_column(Text, default=None)
+    config_generation: Mapped[int] = mapped_column(Integer, default=1)
+    applied_config_generation: Mapped[int] = mapped_column(Integer, default=0)
     created_by: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -222,6 +236,9 @@ class Node(LeaseMixin, Base):
     phase: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text, default="")
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    address: Mapped[str | None] = mapped_column(String(64), default=None)
+    agent_token_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     # Set when the node must go (scale-down, cluster delete); the node
     # reconciler drains and releases it.
     to_delete: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Body
 
 from gpuclusters.core import models as api
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
-from gpuclusters.server.services import clusters, nodes
+from gpuclusters.server.services import clusters, nodes, ssh
 
 router = APIRouter(prefix="/v1/projects/{project}")
 
@@ -68,6 +70,27 @@ async def delete_cluster(
         project_name=project,
         name=name,
         delete_volume=delete_volume,
+    )
+
+
+@router.post("/clusters/{name}/ssh", response_model=api.SshTarget)
+async def ssh_target(
+    project: str,
+    name: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+    node: str | None = None,
+    command: Annotated[list[str] | None, Body(embed=True)] = None,
+) -> api.SshTarget:
+    return await ssh.ssh_target(
+        session,
+        rt=rt,
+        principal=principal,
+        project_name=project,
+        cluster_name=name,
+        node_name=node,
+        command=command or [],
     )
 
 

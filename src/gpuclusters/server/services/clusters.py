@@ -21,6 +21,7 @@ from gpuclusters.core.enums import (
     GPUS_PER_NODE,
     BillingType,
     ClusterStatus,
+    ClusterType,
     ComputeClass,
     EventReason,
     NodePhase,
@@ -200,6 +201,9 @@ async def _create_once(
         reservation_end=body.reservation_end,
         cuda_version=body.cuda_version,
         driver_version=body.driver_version,
+        slurm_extra_config=body.slurm.extra_config if body.slurm else "",
+        slurm_prolog=body.slurm.prolog if body.slurm else None,
+        slurm_epilog=body.slurm.epilog if body.slurm else None,
         status="",  # set just below, so the phase history starts with queued
         volume_id=volume.id,
         created_by=principal.user_name,
@@ -266,6 +270,8 @@ async def update_cluster(
             _extend_reservation(cluster, body)
         if body.num_preemptible_gpus is not None:
             cluster.num_preemptible_gpus = body.num_preemptible_gpus
+        if body.slurm is not None:
+            _set_slurm(cluster, body.slurm)
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
             await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
         cluster.updated_at = utcnow()
@@ -277,6 +283,17 @@ async def update_cluster(
     view = await _placing(rt, session, attempt)
     rt.hints.notify(hints.CLUSTERS, hints.NODES)
     return view
+
+
+def _set_slurm(cluster: Cluster, settings: api.SlurmSettings) -> None:
+    """Store new Slurm settings; the cluster reconciler applies them live."""
+    if cluster.cluster_type != ClusterType.SLURM.value:
+        raise ValidationError("slurm: only Slurm clusters have Slurm settings", field="slurm")
+    new = (settings.extra_config, settings.prolog, settings.epilog)
+    if new == (cluster.slurm_extra_config, cluster.slurm_prolog, cluster.slurm_epilog):
+        return
+    cluster.slurm_extra_config, cluster.slurm_prolog, cluster.slurm_epilog = new
+    cluster.config_generation += 1
 
 
 def _extend_reservation(cluster: Cluster, body: api.ClusterUpdate) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -13,10 +13,46 @@ from gpuclusters.core.errors import (
     AuthenticationError,
     NotFoundError,
     PermissionDeniedError,
+    ValidationError,
 )
 from gpuclusters.server.db.models import ApiKey, Organization, Project, ProjectMember, User
 from gpuclusters.server.security.keys import display_prefix, hash_key, new_key
 from gpuclusters.server.security.principal import Principal
+
+FIRST_UID = 10000
+# Accounts Debian and our daemons already have inside nodes; an API user of
+# that name would collide with them on every cluster.
+RESERVED_USER_NAMES = frozenset(
+    [
+        "root",
+        "daemon",
+        "bin",
+        "sys",
+        "sync",
+        "games",
+        "man",
+        "lp",
+        "mail",
+        "news",
+        "uucp",
+        "proxy",
+        "www-data",
+        "backup",
+        "list",
+        "irc",
+        "gnats",
+        "nobody",
+        "systemd-network",
+        "systemd-resolve",
+        "messagebus",
+        "sshd",
+        "munge",
+        "slurm",
+        "mysql",
+        "postgres",
+        "_apt",
+    ]
+)
 
 DEFAULT_ORG = "default"
 DEFAULT_PROJECT = "default"
@@ -32,7 +68,7 @@ async def bootstrap(session: AsyncSession) -> str | None:
     session.add(org)
     await session.flush()
     project = Project(organization_id=org.id, name=DEFAULT_PROJECT, description="default project")
-    admin = User(organization_id=org.id, name=ADMIN_USER, is_admin=True)
+    admin = User(organization_id=org.id, name=ADMIN_USER, is_admin=True, uid=FIRST_UID)
     session.add_all([project, admin])
     await session.flush()
     session.add(
@@ -42,6 +78,13 @@ async def bootstrap(session: AsyncSession) -> str | None:
     session.add(ApiKey(user_id=admin.id, key_prefix=display_prefix(key), key_hash=hash_key(key)))
     await session.commit()
     return key
+
+
+async def _next_uid(session: AsyncSession, organization_id: str) -> int:
+    top = await session.scalar(
+        select(func.max(User.uid)).where(User.organization_id == organization_id)
+    )
+    return max(FIRST_UID, (top or 0) + 1)
 
 
 async def authenticate(session: AsyncSession, *, key: str | None) -> Principal:
@@ -165,7 +208,17 @@ async def create_api_key(
         )
     )
     if user is None:
-        user = User(organization_id=principal.organization_id, name=body.user, is_admin=False)
+        if body.user in RESERVED_USER_NAMES:
+            raise ValidationError(
+                f"user: {body.user!r} is a system account on cluster nodes; choose another name",
+                field="user",
+            )
+        user = User(
+            organization_id=principal.organization_id,
+            name=body.user,
+            is_admin=False,
+            uid=await _next_uid(session, principal.organization_id),
+        )
         session.add(user)
         await session.flush()
     member = await session.get(ProjectMember, (project.id, user.id))

@@ -10,8 +10,18 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
-from gpuclusters.core.enums import GPUS_PER_NODE, ComputeClass, NodePhase
+from gpuclusters.core.enums import GPUS_PER_NODE, ClusterType, ComputeClass, NodePhase
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Host, Node, Project, Volume
+
+
+def slurm_settings(cluster: Cluster) -> api.SlurmSettings | None:
+    if cluster.cluster_type != ClusterType.SLURM.value:
+        return None
+    return api.SlurmSettings(
+        extra_config=cluster.slurm_extra_config,
+        prolog=cluster.slurm_prolog,
+        epilog=cluster.slurm_epilog,
+    )
 
 
 def node_view(node: Node, *, cluster: Cluster, host: Host | None) -> api.Node:
@@ -23,9 +33,11 @@ def node_view(node: Node, *, cluster: Cluster, host: Host | None) -> api.Node:
         phase=NodePhase(node.phase),
         gpu_type=cluster.gpu_type,
         cordoned=node.cordoned,
+        address=node.address,
         message=node.message,
         created_at=node.created_at,
         ready_at=node.ready_at,
+        last_heartbeat_at=node.last_heartbeat_at,
         deleted_at=node.deleted_at,
     )
 
@@ -105,6 +117,7 @@ async def cluster_views(
                 volume=volumes.get(c.volume_id or ""),
                 cuda_version=c.cuda_version,
                 driver_version=c.driver_version,
+                slurm=slurm_settings(c),
                 phase_history=[
                     api.PhaseTransition(phase=p.phase, timestamp=p.timestamp, message=p.message)
                     for p in phases[c.id]

@@ -1,0 +1,135 @@
+"""Names and paths of one namespace node, derived from its id alone.
+
+Everything that identifies a node on the host is a pure function of the node
+id and two roots, so that the provider can always find (and delete) what a
+crashed predecessor made, even from a half-written state file:
+
+==========================  ===============================================
+netns                        ``/run/netns/gpc-<id[:12]>`` (``ip netns``)
+host veth                    ``gpcv<id[:8]>`` (node side is ``eth0``)
+mount + UTS namespaces       ``<ns_dir>/<id>.mnt``, ``<ns_dir>/<id>.uts``
+node directory               ``<home>/nodes/<id>/``: ``root/`` (the node's
+                             ``/``), ``upper/{etc,var}`` + ``work/{etc,var}``
+                             (overlay layers), ``tmp/``, ``scratch/``
+cluster bridge               ``gpcb<cluster_id[:8]>``, ``10.231.<i>.1/24``
+==========================  ===============================================
+
+Interface names are limited to 15 bytes (IFNAMSIZ), which is why only a
+prefix of each id is used; the provider refuses ids whose prefixes collide.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+NETNS_DIR = Path("/run/netns")
+DEFAULT_NS_DIR = Path("/run/gpuclusters/ns")
+SUBNET_POOL = ipaddress.IPv4Network("10.231.0.0/16")
+FIRST_NODE_HOST = 10  # .1 is the host's address on the bridge; .2-.9 stay free
+LAST_NODE_HOST = 254
+
+_ID_RE = re.compile(r"^[a-z0-9]{12,64}$")
+# RFC 1123 label rules, dots allowed; what sethostname() and every daemon accept.
+_HOSTNAME_RE = re.compile(r"^(?=.{1,63}$)[a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?$")
+
+
+class LayoutError(ValueError):
+    """An id or name that cannot be turned into host objects."""
+
+
+def check_id(value: str, what: str) -> str:
+    if not _ID_RE.match(value):
+        raise LayoutError(f"{what} {value!r}: expected 12-64 lowercase letters and digits")
+    return value
+
+
+def check_hostname(value: str) -> str:
+    if not _HOSTNAME_RE.match(value):
+        raise LayoutError(f"{value!r} is not a valid hostname (letters, digits, '-', '.')")
+    return value
+
+
+def bridge_name(cluster_id: str) -> str:
+    return "gpcb" + check_id(cluster_id, "cluster id")[:8]
+
+
+def subnet(index: int) -> ipaddress.IPv4Network:
+    """The cluster network with this index: ``10.231.<index>.0/24``."""
+    if not 0 <= index <= 255:
+        raise LayoutError(f"network index {index} outside 0-255")
+    return ipaddress.IPv4Network((int(SUBNET_POOL.network_address) + (index << 8), 24))
+
+
+def gateway(index: int) -> str:
+    return str(subnet(index).network_address + 1)
+
+
+def node_address(index: int, host_part: int) -> str:
+    if not FIRST_NODE_HOST <= host_part <= LAST_NODE_HOST:
+        raise LayoutError(f"host part {host_part} outside {FIRST_NODE_HOST}-{LAST_NODE_HOST}")
+    return str(subnet(index).network_address + host_part)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLayout:
+    """Where one node's pieces live on the host."""
+
+    node_id: str
+    ns_dir: Path
+    nodes_dir: Path
+
+    def __post_init__(self) -> None:
+        check_id(self.node_id, "node id")
+
+    @property
+    def netns(self) -> str:
+        return "gpc-" + self.node_id[:12]
+
+    @property
+    def netns_path(self) -> Path:
+        return NETNS_DIR / self.netns
+
+    @property
+    def veth(self) -> str:
+        return "gpcv" + self.node_id[:8]
+
+    @property
+    def mnt_file(self) -> Path:
+        return self.ns_dir / f"{self.node_id}.mnt"
+
+    @property
+    def uts_file(self) -> Path:
+        return self.ns_dir / f"{self.node_id}.uts"
+
+    @property
+    def dir(self) -> Path:
+        return self.nodes_dir / self.node_id
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    def upper(self, name: str) -> Path:
+        return self.dir / "upper" / name
+
+    def work(self, name: str) -> Path:
+        return self.dir / "work" / name
+
+    @property
+    def tmp(self) -> Path:
+        return self.dir / "tmp"
+
+    @property
+    def scratch(self) -> Path:
+        return self.dir / "scratch"
+
+    def nsenter_args(self) -> list[str]:
+        """The ``nsenter`` options that put a command inside this node."""
+        return [
+            f"--net={self.netns_path}",
+            f"--mount={self.mnt_file}",
+            f"--uts={self.uts_file}",
+        ]

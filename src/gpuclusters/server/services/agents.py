@@ -1,0 +1,31 @@
+"""The node agents' side of the API (internal, not under /v1): heartbeats.
+
+An agent proves which node it is with the token the control plane wrote
+into that node while it bootstrapped; only the token's SHA-256 is stored.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core import models as api
+from gpuclusters.core.errors import AuthenticationError
+from gpuclusters.server.db.models import Node, utcnow
+from gpuclusters.server.security.keys import hash_key
+
+
+async def heartbeat(session: AsyncSession, *, token: str | None, body: api.AgentHeartbeat) -> None:
+    node = await session.get(Node, body.node_id)
+    expected = node.agent_token_hash if node is not None else None
+    if (
+        node is None
+        or node.deleted_at is not None
+        or not token
+        or expected is None
+        or not hmac.compare_digest(expected, hash_key(token))
+    ):
+        raise AuthenticationError("unknown node or bad agent token")
+    node.last_heartbeat_at = utcnow()
+    await session.commit()
