@@ -42,7 +42,9 @@ class Completed:
 class CommandError(Exception):
     """A command failed; the message names it and quotes its stderr."""
 
-    def __init__(self, argv: Sequence[str], returncode: int, stderr: bytes, detail: str = "") -> None:
+    def __init__(
+        self, argv: Sequence[str], returncode: int, stderr: bytes, detail: str = ""
+    ) -> None:
         self.argv = tuple(argv)
         self.returncode = returncode
         self.stderr = stderr.decode("utf-8", "replace")

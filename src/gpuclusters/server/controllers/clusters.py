@@ -34,6 +34,8 @@ class ClusterReconciler(SteppedReconciler):
     def __init__(self, ctx: ControllerContext, rt: Runtime) -> None:
         super().__init__(ctx)
         self.rt = rt
+        # Ready clusters whose control plane this process has re-ensured.
+        self._verified: set[str] = set()
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         unsettled_node = exists().where(
@@ -41,7 +43,7 @@ class ClusterReconciler(SteppedReconciler):
             Node.deleted_at.is_(None),
             (Node.phase != NodePhase.RUNNING.value) | Node.to_delete,
         )
-        rows = await session.scalars(
+        busy = await session.scalars(
             select(Cluster.id).where(
                 Cluster.deleted_at.is_(None),
                 Cluster.status.not_in(_SETTLED)
@@ -49,7 +51,11 @@ class ClusterReconciler(SteppedReconciler):
                 | (Cluster.config_generation != Cluster.applied_config_generation),
             )
         )
-        return list(rows)
+        ready = await session.scalars(
+            select(Cluster.id).where(Cluster.deleted_at.is_(None), Cluster.status == S.READY.value)
+        )
+        # Ready clusters need one look per server process (see step()).
+        return list(dict.fromkeys([*busy, *(c for c in ready if c not in self._verified)]))
 
     async def _load(self, session: AsyncSession, row_id: str) -> tuple[Cluster, list[Node]]:
         cluster = await session.get_one(Cluster, row_id)
@@ -127,6 +133,14 @@ class ClusterReconciler(SteppedReconciler):
                 row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
             )
 
+        if status in (S.READY, S.DEGRADED) and row_id not in self._verified:
+            # First look since this process started: make sure the control
+            # plane is really there (daemons restarted, service nodes rebuilt).
+            if not await layer.ensure_control_plane(ref):
+                return False
+            self._verified.add(row_id)
+            return True
+
         if status in (S.READY, S.DEGRADED) and (
             cluster.applied_config_generation != cluster.config_generation
         ):
@@ -168,6 +182,8 @@ class ClusterReconciler(SteppedReconciler):
                 return False  # a delete arrived meanwhile; next pass handles it
             changed = await set_cluster_status(session, cluster, status.value, message)
             await session.commit()
+        if status is S.READY:
+            self._verified.add(row_id)  # it just got here: nothing to re-check
         return changed
 
     async def _bind_volume(self, row_id: str, token: str) -> bool:

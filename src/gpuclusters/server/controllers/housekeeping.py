@@ -3,8 +3,11 @@
 * garbage-collect provider instances that no live node row owns (orphans
   left by a crash between a node's deletion and its provider delete, or by
   a provider create whose row was rolled back);
-* notice running nodes whose instance failed or vanished (they go ``failed``
-  so the cluster shows ``degraded``);
+* notice running nodes whose instance failed or vanished while this server
+  ran (they go ``failed`` so the cluster shows ``degraded`` and repair can
+  act); instances missing after a server *restart* are expected (a host
+  reboot wipes the embedded fleet's namespaces) and the node reconciler
+  rebuilds those instead;
 * drop lifecycle events older than the retention (72 h by default).
 
 Orphan collection never deletes an instance whose node row is live, and the

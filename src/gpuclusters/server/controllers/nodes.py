@@ -43,15 +43,23 @@ class NodeReconciler(SteppedReconciler):
         super().__init__(ctx)
         self.rt = rt
         self.drain_timeout_s = drain_timeout_s
+        # Running nodes this process has re-checked since it started. After a
+        # restart every running node is checked once: re-adopted if its
+        # instance is there (join again, which restarts dead daemons), rebuilt
+        # if the instance is gone (e.g. the host rebooted).
+        self._verified: set[str] = set()
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
-        rows = await session.scalars(
-            select(Node.id).where(
-                Node.deleted_at.is_(None),
-                Node.phase.not_in((P.RUNNING.value, P.FAILED.value)) | Node.to_delete,
-            )
+        rows = await session.execute(
+            select(Node.id, Node.phase, Node.to_delete).where(Node.deleted_at.is_(None))
         )
-        return list(rows)
+        return [
+            node_id
+            for node_id, phase, to_delete in rows
+            if to_delete
+            or (phase == P.RUNNING.value and node_id not in self._verified)
+            or phase not in (P.RUNNING.value, P.FAILED.value)
+        ]
 
     async def reconcile(self, row_id: str, token: str) -> bool:
         changed = await super().reconcile(row_id, token)
@@ -116,6 +124,17 @@ class NodeReconciler(SteppedReconciler):
                 )
             return False
 
+        if phase is P.RUNNING and row_id not in self._verified:
+            inst = await self.rt.provider.status(row_id)
+            if inst.state is InstanceState.MISSING:
+                return await self._write(
+                    row_id, token, phase=P.SCHEDULING, message="instance lost; rebuilding"
+                )
+            if inst.state is InstanceState.RUNNING and not await layer.join_node(cref, nref):
+                return False
+            self._verified.add(row_id)
+            return False
+
         if phase is P.BOOTSTRAPPING:
             if node.agent_token_hash is None and self.rt.node_access is not None:
                 return await self._enroll_agent(row_id, token)
@@ -164,8 +183,12 @@ class NodeReconciler(SteppedReconciler):
             set_node_phase(node, phase.value, message)
             if cordoned is not None:
                 node.cordoned = cordoned
+            if phase is P.SCHEDULING:
+                # A rebuilt node gets a new agent token and address.
+                node.agent_token_hash = None
             if phase is P.RUNNING:
                 node.ready_at = utcnow()
+                self._verified.add(row_id)
                 await record_event(
                     session, node, EventReason.NODE_ADDED, f"node {node.name} is running"
                 )

@@ -1,0 +1,267 @@
+"""File and daemon operations inside a node: the helper behind NamespaceShell.
+
+Run on the host as::
+
+    python -I -S _nodeops.py <netns> <mnt-ns file> <uts-ns file> <op> '<json args>'
+
+It joins the node's network, UTS and mount namespaces itself (setns through
+ctypes; a single-threaded process may switch mount namespace, the
+multi-threaded server may not) and then works with paths *inside* the node,
+so it does not depend on anything being installed in the node. Standard
+library only, everything imported before the switch.
+
+Ops (the result is on stdout, errors one line on stderr):
+
+``read``    the file's bytes; exit 2 if it does not exist
+``write``   data on stdin; atomic (temp file + rename), parents created;
+            prints ``changed`` or ``unchanged`` (same bytes, mode and owner)
+``spawn``   starts a daemon like ``setsid -f``: fork, setsid, exec, output
+            appended to /var/log/gpuclusters/<name>.log, pidfile
+            /run/gpuclusters-daemons/<name>.pid ("<pid> <starttime>") written
+            by the child before exec; the helper waits until the exec
+            happened (a close-on-exec pipe) so a bad argv is reported, then
+            exits, leaving the daemon to init. Prints ``started``/``running``.
+``status``  exit 0 and the pid if the daemon runs, else exit 3
+``stop``    SIGTERM to the daemon's process group, SIGKILL after the timeout
+
+A daemon counts as running only if its pid is alive (not a zombie), has the
+start time recorded in the pidfile (pids get reused) and is still in this
+node's network namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import pwd
+import signal
+import sys
+import time
+from typing import Any
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+DAEMON_DIR = "/run/gpuclusters-daemons"
+LOG_DIR = "/var/log/gpuclusters"
+EXIT_MISSING = 2
+EXIT_NOT_RUNNING = 3
+
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+class OpError(Exception):
+    pass
+
+
+def enter(netns: str, mnt: str, uts: str) -> None:
+    # Open all three first: after the mount namespace switch the host paths
+    # are gone. Mount last for the same reason.
+    order = ((netns, CLONE_NEWNET), (uts, CLONE_NEWUTS), (mnt, CLONE_NEWNS))
+    fds = [(os.open(path, os.O_RDONLY), flag) for path, flag in order]
+    for fd, flag in fds:
+        if libc.setns(fd, flag) != 0:
+            err = ctypes.get_errno()
+            raise OpError(f"setns: {os.strerror(err)}")
+        os.close(fd)
+    os.chdir("/")
+
+
+def proc_start(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0], fields[19]
+
+
+def same_netns(pid: int) -> bool:
+    try:
+        a, b = os.stat(f"/proc/{pid}/ns/net"), os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def pidfile(name: str) -> str:
+    return f"{DAEMON_DIR}/{name}.pid"
+
+
+def running(name: str) -> int | None:
+    try:
+        with open(pidfile(name)) as f:
+            pid_s, start = f.read().split()
+        pid = int(pid_s)
+    except (OSError, ValueError):
+        return None
+    info = proc_start(pid)
+    if info is None or info[0] in ("Z", "X") or info[1] != start:
+        return None
+    return pid if same_netns(pid) else None
+
+
+def alive(pid: int) -> bool:
+    info = proc_start(pid)
+    return info is not None and info[0] not in ("Z", "X")
+
+
+def op_read(args: dict[str, Any]) -> int:
+    try:
+        with open(args["path"], "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return EXIT_MISSING
+    sys.stdout.buffer.write(data)
+    return 0
+
+
+def op_write(args: dict[str, Any]) -> int:
+    path, mode, owner = args["path"], int(args["mode"]), args.get("owner")
+    data = sys.stdin.buffer.read()
+    uid = gid = -1
+    if owner is not None:
+        try:
+            pw = pwd.getpwnam(owner)
+        except KeyError:
+            raise OpError(f"no user {owner!r} in the node") from None
+        uid, gid = pw.pw_uid, pw.pw_gid
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        same_owner = owner is None or (st.st_uid, st.st_gid) == (uid, gid)
+        if same_owner and st.st_mode & 0o7777 == mode:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    print("unchanged")
+                    return 0
+    parent = os.path.dirname(path) or "/"
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.gpc-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode)
+            if owner is not None:
+                os.fchown(f.fileno(), uid, gid)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    print("changed")
+    return 0
+
+
+def _daemon_child(name: str, argv: list[str], env: dict[str, str], report: int) -> None:
+    """In the forked child: become the daemon. Never returns."""
+    try:
+        os.setsid()
+        os.umask(0o022)
+        log = os.open(f"{LOG_DIR}/{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        # Nothing of the server's (pipes, sockets) may leak into the daemon;
+        # ``report`` is close-on-exec and closes itself at exec.
+        os.closerange(3, report)
+        os.closerange(report + 1, os.sysconf("SC_OPEN_MAX"))
+        info = proc_start(os.getpid())
+        assert info is not None
+        tmp = f"{pidfile(name)}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()} {info[1]}\n")
+        os.replace(tmp, pidfile(name))
+        os.execvpe(argv[0], argv, env)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(report, f"{argv[0]}: {exc}".encode())
+    os._exit(127)
+
+
+def op_spawn(args: dict[str, Any]) -> int:
+    name, argv, env = args["name"], list(args["argv"]), dict(args["env"])
+    pid = running(name)
+    if pid is not None:
+        print(f"running {pid}")
+        return 0
+    os.makedirs(LOG_DIR, exist_ok=True)
+    os.makedirs(DAEMON_DIR, exist_ok=True)
+    r, w = os.pipe()  # both close-on-exec (PEP 446)
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _daemon_child(name, argv, env, w)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    if chunks:
+        os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.unlink(pidfile(name))
+        raise OpError(b"".join(chunks).decode("utf-8", "replace"))
+    # The daemon runs on; this helper exits and the daemon is reparented to
+    # init (or the nearest subreaper), no longer a descendant of the server.
+    print(f"started {pid}")
+    return 0
+
+
+def op_status(args: dict[str, Any]) -> int:
+    pid = running(args["name"])
+    if pid is None:
+        return EXIT_NOT_RUNNING
+    print(pid)
+    return 0
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def op_stop(args: dict[str, Any]) -> int:
+    name, timeout_s = args["name"], float(args["timeout_s"])
+    pid = running(name)
+    if pid is not None:
+        # The daemon leads its own session and process group (setsid), so the
+        # group signal reaches the children it forked too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        if not _wait_gone(pid, timeout_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            if not _wait_gone(pid, 5.0):
+                raise OpError(f"daemon {name} (pid {pid}) survived SIGKILL")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pidfile(name))
+    print("stopped")
+    return 0
+
+
+OPS = {"read": op_read, "write": op_write, "spawn": op_spawn, "status": op_status, "stop": op_stop}
+
+
+def main() -> int:
+    netns, mnt, uts, op, raw = sys.argv[1:6]
+    try:
+        enter(netns, mnt, uts)
+        return OPS[op](json.loads(raw))
+    except (OpError, OSError) as exc:
+        print(f"{op}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

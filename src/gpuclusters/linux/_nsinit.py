@@ -1,0 +1,223 @@
+"""Boot a node's filesystem: runs *inside* the node's fresh mount namespace.
+
+Started by :mod:`gpuclusters.linux.machine` as::
+
+    unshare --mount=<ns>/<id>.mnt --uts=<ns>/<id>.uts --propagation private \
+        -- python -I -S _nsinit.py '<json spec>'
+
+unshare(1) creates the mount and UTS namespaces and pins them with bind
+mounts of their nsfs files *before* this script runs, so what the script
+builds outlives it (and the server). The script then assembles the node's
+root in ``spec.root`` (a per-node directory on the host) and pivots into it:
+
+    /                 spec.root bound on itself (pivot_root needs a mount)
+    /usr /opt /work…  every other top-level host dir, bound read-only
+    /bin /lib…        the host's top-level symlinks, copied
+    /etc /var         overlayfs: host dir below, per-node upper above
+    /run              fresh tmpfs; /run/gpuclusters = host's run_dir
+    /tmp /scratch     per-node host dirs
+    /mnt/shared       the cluster's volume (if any)
+    /root /home /mnt  plain dirs of spec.root (per node, survive reboot)
+    /dev              tmpfs: null zero full random urandom tty kmsg bound
+                      from the host, devpts newinstance, shm, nvidia*
+    /proc /sys        fresh proc; sysfs mounted from the node's netns (so
+                      /sys/class/net shows eth0), host cgroups bound under it
+    masks             empty read-only tmpfs over host paths nodes must not
+                      see (the control plane's home)
+    shares            host paths the node needs at the same path (the Python
+                      runtime the node agent runs with), bound read-only
+
+The old root is detached after pivot_root, which drops every reference this
+namespace had to the host's other mounts (other nodes' pinned namespaces
+among them), so deleting one node never waits on another.
+
+Standard library only, run with ``-I -S``: it must not import the package
+(it runs before any mount exists, in a process that will own the mounts).
+Failures print one line to stderr and exit 1; the caller tears down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from typing import Any
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MNT_DETACH = 0x2
+CLONE_NEWNET = 0x40000000
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+
+# Top-level names the node gets its own version of; everything else in the
+# host's / is shared read-only.
+PRIVATE_TOP = {"etc", "var", "run", "tmp", "dev", "proc", "sys", "mnt", "home", "root", "scratch"}
+SKIP_TOP = {"lost+found"}
+DEV_BINDS = ("null", "zero", "full", "random", "urandom", "tty", "kmsg")
+
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def _fail(what: str) -> None:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    rc = libc.mount(
+        source.encode(),
+        target.encode(),
+        fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags),
+        data.encode() if data else None,
+    )
+    if rc != 0:
+        _fail(f"mount {fstype or source} on {target}")
+
+
+def bind(source: str, target: str, *, recursive: bool = False, readonly: bool = False) -> None:
+    mount(source, target, None, MS_BIND | (MS_REC if recursive else 0), None)
+    if readonly:
+        # A bind mount only becomes read-only through a second, remount call.
+        mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+
+
+def populate_root(root: str) -> None:
+    for entry in os.scandir("/"):
+        name, target = entry.name, os.path.join(root, entry.name)
+        if name in PRIVATE_TOP or name in SKIP_TOP:
+            continue
+        if entry.is_symlink():
+            link = os.readlink(entry.path)
+            if os.path.islink(target) and os.readlink(target) == link:
+                continue
+            if os.path.lexists(target):
+                os.remove(target)
+            os.symlink(link, target)
+        elif entry.is_dir(follow_symlinks=False):
+            os.makedirs(target, exist_ok=True)
+            bind(entry.path, target, recursive=True, readonly=True)
+    for name in PRIVATE_TOP:
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+    os.chmod(os.path.join(root, "root"), 0o700)
+
+
+def make_dev(dev: str, gpus: int) -> None:
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=755,size=1m")
+    for name in DEV_BINDS:
+        host = "/dev/" + name
+        if os.path.exists(host):
+            path = os.path.join(dev, name)
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666))
+            bind(host, path)
+    pts = os.path.join(dev, "pts")
+    os.mkdir(pts)
+    # newinstance: the node's ptys are its own, not the host's.
+    mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620,gid=5")
+    os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
+    shm = os.path.join(dev, "shm")
+    os.mkdir(shm)
+    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    for name, link in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        os.symlink(link, os.path.join(dev, name))
+    devices = [(f"nvidia{i}", i) for i in range(gpus)]
+    if gpus:
+        devices.append(("nvidiactl", NVIDIACTL_MINOR))
+    for name, minor in devices:
+        path = os.path.join(dev, name)
+        os.mknod(path, 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, minor))  # S_IFCHR
+        os.chmod(path, 0o666)
+
+
+def same_file(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def pivot(root: str) -> None:
+    # pivot_root(".", ".") stacks the old root on top of the new one; the
+    # lazy unmount then drops it (runc does the same).
+    os.chdir(root)
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(0, f"pivot_root: unsupported machine {os.uname().machine}")
+    if libc.syscall(number, b".", b".") != 0:
+        _fail("pivot_root")
+    if libc.umount2(b".", MNT_DETACH) != 0:
+        _fail("detach old root")
+    os.chdir("/")
+
+
+def boot(spec: dict[str, Any]) -> None:
+    os.umask(0o022)
+    name = spec["hostname"].encode()
+    if libc.sethostname(name, len(name)) != 0:
+        _fail("sethostname")
+    # Join the node's netns so the sysfs mounted below describes its links.
+    fd = os.open(spec["netns"], os.O_RDONLY)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        _fail("setns net")
+    os.close(fd)
+
+    root: str = spec["root"]
+
+    def at(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
+    bind(root, root)
+    populate_root(root)
+    for ov in spec["overlays"]:
+        opts = f"lowerdir={ov['lower']},upperdir={ov['upper']},workdir={ov['work']}"
+        mount("overlay", at(ov["target"]), "overlay", 0, opts)
+    mount("tmpfs", at("/run"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+    for sub, mode in (("gpuclusters", 0o755), ("gpuclusters-daemons", 0o755), ("lock", 0o1777)):
+        os.mkdir(at("/run/" + sub))
+        os.chmod(at("/run/" + sub), mode)
+    bind(spec["run_dir"], at("/run/gpuclusters"))
+    bind(spec["tmp"], at("/tmp"))
+    bind(spec["scratch"], at("/scratch"))
+    if spec["shared"]:
+        os.makedirs(at("/mnt/shared"), exist_ok=True)
+        bind(spec["shared"], at("/mnt/shared"))
+    make_dev(at("/dev"), int(spec["gpus"]))
+    mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    mount("sysfs", at("/sys"), "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    if os.path.isdir("/sys/fs/cgroup"):
+        bind("/sys/fs/cgroup", at("/sys/fs/cgroup"), recursive=True)
+    for path in spec["masks"]:
+        if os.path.isdir(at(path)):
+            mount("tmpfs", at(path), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
+    for path in spec["shares"]:
+        if not same_file(path, at(path)):
+            os.makedirs(at(path), exist_ok=True)
+            bind(path, at(path), recursive=True, readonly=True)
+    pivot(root)
+
+
+def main() -> int:
+    try:
+        boot(json.loads(sys.argv[1]))
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"nsinit: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

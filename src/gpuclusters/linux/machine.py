@@ -1,0 +1,221 @@
+"""One node's whole life on the host: boot, power off, wipe, destroy.
+
+A node is "up" when three pinned namespaces exist (its netns under
+/run/netns, its mount and UTS namespaces under the ns dir) and its veth is
+on the cluster bridge. None of them is a process: they are nsfs bind mounts,
+so the node survives the server and needs nothing running inside it.
+
+* :func:`boot` makes whatever is missing, in order: netns + veth + address
+  (:mod:`.network`), per-node directories and the files the node starts
+  with (written straight into the overlay's upper layer, before it is
+  mounted), then the mount + UTS namespaces (``unshare`` running
+  :mod:`._nsinit`). Idempotent: a fully booted node costs a few ``stat``s.
+* :func:`power_off` kills every process of the node and unpins its mount
+  and UTS namespaces, which unmounts everything inside them (the kernel
+  drops a mount namespace with its last reference). The netns and the
+  directories stay: that is a reboot's first half.
+* :func:`wipe` empties the per-node disks (root, overlay uppers, /tmp,
+  /scratch): a reprovision's middle step.
+* :func:`destroy` = power off + delete veth and netns + remove the node
+  directory. Before removing anything it checks that nothing is mounted
+  below the node directory in the host's namespace, so a stray bind of the
+  shared volume can never be deleted through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuclusters.linux import network, procs, sysmount
+from gpuclusters.linux.layout import NodeLayout
+from gpuclusters.linux.run import run
+
+NSINIT = Path(__file__).with_name("_nsinit.py")
+_HEX = frozenset("0123456789abcdef")
+OVERLAID = ("etc", "var")
+
+
+class MachineError(RuntimeError):
+    """A node could not be booted or torn down; the message says which step."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBoot:
+    """Everything needed to boot one node."""
+
+    layout: NodeLayout
+    hostname: str
+    cluster_id: str
+    network_index: int
+    address: str
+    run_dir: Path
+    gpus: int = 0
+    shared_dir: Path | None = None
+    node_info: dict[str, Any] = field(default_factory=dict)
+    masks: tuple[Path, ...] = ()
+    shares: tuple[Path, ...] = ()
+
+
+def missing_parts(node: NodeLayout) -> list[str]:
+    """What of a booted node is not there (empty: the node is up)."""
+    missing = []
+    if not sysmount.is_ns_file(node.netns_path):
+        missing.append("network namespace")
+    if not sysmount.is_ns_file(node.mnt_file):
+        missing.append("mount namespace")
+    if not sysmount.is_ns_file(node.uts_file):
+        missing.append("UTS namespace")
+    if not network.link_exists(node.veth):
+        missing.append("veth")
+    return missing
+
+
+def _machine_id(node_id: str) -> str:
+    # 32 lowercase hex digits; our ids (uuid4 hex) already are one.
+    if len(node_id) == 32 and set(node_id) <= _HEX:
+        return node_id
+    return hashlib.sha256(node_id.encode()).hexdigest()[:32]
+
+
+def _prepare_dirs(b: NodeBoot) -> None:
+    node = b.layout
+    for path in (node.root, node.scratch, *(node.work(n) for n in OVERLAID)):
+        path.mkdir(parents=True, exist_ok=True)
+    node.tmp.mkdir(parents=True, exist_ok=True)
+    node.tmp.chmod(0o1777)
+    etc = node.upper("etc")
+    (etc / "gpuclusters").mkdir(parents=True, exist_ok=True)
+    (node.upper("var") / "log" / "gpuclusters").mkdir(parents=True, exist_ok=True)
+    b.run_dir.mkdir(parents=True, exist_ok=True)
+    # Written into the upper layer before the overlay is mounted: the node
+    # sees them as its own /etc files, the host's /etc never changes.
+    info = json.dumps(b.node_info, indent=1, sort_keys=True) + "\n"
+    (etc / "gpuclusters" / "node.json").write_text(info)
+    (etc / "hostname").write_text(b.hostname + "\n")
+    (etc / "machine-id").write_text(_machine_id(node.node_id) + "\n")
+    hosts = etc / "hosts"
+    if not hosts.exists():  # later edits by the node (or a layer) are kept
+        hosts.write_text(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"{b.address}\t{b.hostname}\n"
+        )
+    node.ns_dir.mkdir(parents=True, exist_ok=True)
+    sysmount.ensure_private_dir(node.ns_dir)
+    for f in (node.mnt_file, node.uts_file):
+        if f.exists() and not sysmount.is_ns_file(f):
+            f.unlink()  # stale: left from before a host reboot
+
+
+def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
+    node = b.layout
+    return {
+        "hostname": b.hostname,
+        "netns": str(node.netns_path),
+        "root": str(node.root),
+        "overlays": [
+            {
+                "target": f"/{n}",
+                "lower": f"/{n}",
+                "upper": str(node.upper(n)),
+                "work": str(node.work(n)),
+            }
+            for n in OVERLAID
+        ],
+        "run_dir": str(b.run_dir),
+        "tmp": str(node.tmp),
+        "scratch": str(node.scratch),
+        "shared": str(b.shared_dir) if b.shared_dir else None,
+        "gpus": b.gpus,
+        "masks": [str(p) for p in b.masks],
+        "shares": [str(p) for p in b.shares],
+    }
+
+
+async def boot(b: NodeBoot, *, bridge: str) -> None:
+    node = b.layout
+    await network.ensure_node_link(
+        node, bridge=bridge, index=b.network_index, address=b.address
+    )
+    if sysmount.is_ns_file(node.mnt_file) and sysmount.is_ns_file(node.uts_file):
+        return
+    # Half a pair (a crash mid-boot) is thrown away and made again.
+    await asyncio.to_thread(_power_off, node)
+    await asyncio.to_thread(_prepare_dirs, b)
+    argv = [
+        "unshare",
+        f"--mount={node.mnt_file}",
+        f"--uts={node.uts_file}",
+        "--propagation",
+        "private",
+        "--",
+        sys.executable,
+        "-I",
+        "-S",
+        str(NSINIT),
+        json.dumps(_nsinit_spec(b)),
+    ]
+    await run(argv, timeout_s=30)
+
+
+def _ns_ids(node: NodeLayout) -> set[procs.NsId]:
+    ids = {sysmount.ns_inode(p) for p in (node.netns_path, node.mnt_file)}
+    return {i for i in ids if i is not None}
+
+
+def _unpin(node: NodeLayout) -> None:
+    for f in (node.mnt_file, node.uts_file):
+        sysmount.unmount(f)
+        f.unlink(missing_ok=True)
+
+
+def _power_off(node: NodeLayout) -> int:
+    killed = procs.kill_all(_ns_ids(node))
+    _unpin(node)
+    return killed
+
+
+async def power_off(node: NodeLayout) -> int:
+    """Kill every process of the node and drop its mount and UTS namespaces.
+    Returns how many processes were killed."""
+    return await asyncio.to_thread(_power_off, node)
+
+
+def _wipe(node: NodeLayout) -> None:
+    _refuse_if_mounted(node.dir)
+    for path in (node.root, node.dir / "upper", node.dir / "work", node.tmp, node.scratch):
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            raise MachineError(f"cannot remove {path}")
+
+
+async def wipe(node: NodeLayout) -> None:
+    """Empty the node's disks; only while it is powered off."""
+    await asyncio.to_thread(_wipe, node)
+
+
+def _refuse_if_mounted(path: Path) -> None:
+    mounted = sysmount.mounts_under(path)
+    if mounted:
+        raise MachineError(f"refusing to remove {path}: still mounted there: {mounted[:5]}")
+
+
+def _remove_dir(node: NodeLayout) -> None:
+    _refuse_if_mounted(node.dir)
+    shutil.rmtree(node.dir, ignore_errors=True)
+    if node.dir.exists():
+        raise MachineError(f"cannot remove {node.dir}")
+
+
+async def destroy(node: NodeLayout) -> None:
+    """Remove every trace of the node; a node that is gone already is fine."""
+    # Processes are found through the namespaces, so they die first.
+    await power_off(node)
+    await network.delete_node_link(node)
+    await asyncio.to_thread(_remove_dir, node)

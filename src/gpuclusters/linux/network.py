@@ -1,0 +1,123 @@
+"""Cluster bridges and node links, with iproute2.
+
+One bridge per cluster in the host's network namespace carries the host
+address ``.1`` of the cluster's /24; each node is a named netns joined to
+it by a veth pair (host end ``gpcv…`` enslaved to the bridge, node end
+``eth0``). Isolation between clusters rests on the host not routing:
+``net.ipv4.ip_forward`` stays 0, so a packet from cluster A to a node of
+cluster B reaches the host on A's bridge and is dropped there. (The host's
+own bridge addresses answer from every cluster, like any local address.)
+
+Each operation is one or two ``ip -batch`` runs, built only from commands
+that are needed (existence is checked first through /sys/class/net and the
+netns file), so every function is idempotent and cheap on the fast path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+from gpuclusters.linux import layout, sysmount
+from gpuclusters.linux.layout import NodeLayout
+from gpuclusters.linux.run import run
+
+IP = "ip"
+
+
+def link_exists(name: str) -> bool:
+    # The server runs in the host's netns, whose links its /sys shows.
+    return os.path.lexists(f"/sys/class/net/{name}")
+
+
+async def _batch(commands: list[str], *, netns: str | None = None) -> None:
+    if not commands:
+        return
+    argv = [IP] + (["-n", netns] if netns else []) + ["-batch", "-"]
+    await run(argv, stdin=("\n".join(commands) + "\n").encode(), timeout_s=20)
+
+
+def _bridge_mac(cluster_id: str) -> str:
+    # A fixed, locally administered MAC: a Linux bridge otherwise takes the
+    # lowest MAC of its ports, so it would change as nodes come and go and
+    # every node's ARP entry for the gateway would go stale.
+    digest = hashlib.sha256(cluster_id.encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+
+
+async def ensure_bridge(cluster_id: str, index: int) -> str:
+    """Create the cluster's bridge with its host address; returns its name."""
+    name = layout.bridge_name(cluster_id)
+    gw = f"{layout.gateway(index)}/24"
+    cmds = []
+    if not link_exists(name):
+        cmds.append(f"link add name {name} address {_bridge_mac(cluster_id)} type bridge")
+    cmds += [f"addr replace {gw} dev {name}", f"link set {name} up"]
+    await _batch(cmds)
+    return name
+
+
+async def delete_bridge(cluster_id: str) -> None:
+    name = layout.bridge_name(cluster_id)
+    if link_exists(name):
+        await _batch([f"link del {name}"])
+
+
+async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address: str) -> None:
+    """Named netns, veth pair on ``bridge``, address and default route."""
+    cmds = []
+    if not sysmount.is_ns_file(node.netns_path):
+        if node.netns_path.exists():
+            # A plain file left from before a host reboot: `ip netns add`
+            # refuses to reuse it.
+            node.netns_path.unlink()
+        cmds.append(f"netns add {node.netns}")
+    if not link_exists(node.veth):
+        cmds.append(f"link add {node.veth} type veth peer name eth0 netns {node.netns}")
+    cmds.append(f"link set {node.veth} master {bridge} up")
+    await _batch(cmds)
+    await _batch(
+        [
+            f"addr replace {address}/24 dev eth0",
+            "link set lo up",
+            "link set eth0 up",
+            f"route replace default via {layout.gateway(index)}",
+        ],
+        netns=node.netns,
+    )
+
+
+async def delete_node_link(node: NodeLayout) -> None:
+    cmds = []
+    if link_exists(node.veth):
+        # Deleting one end of a veth pair deletes both, at once (the netns
+        # may linger a moment while its last process exits).
+        cmds.append(f"link del {node.veth}")
+    if node.netns_path.exists():
+        cmds.append(f"netns del {node.netns}")
+    await _batch(cmds)
+
+
+async def host_subnets_in_pool() -> set[int]:
+    """Indexes of 10.231.<i>.0/24 networks already used by any interface of
+    the host, so a second server (another home) never reuses them."""
+    done = await run([IP, "-j", "-4", "addr", "show"], timeout_s=10)
+    used: set[int] = set()
+    for link in json.loads(done.stdout or b"[]"):
+        for info in link.get("addr_info", []):
+            try:
+                net = ipaddress.IPv4Interface(f"{info['local']}/{info['prefixlen']}").network
+            except (KeyError, ValueError):
+                continue
+            if net.overlaps(layout.SUBNET_POOL):
+                for i in range(256):
+                    if net.overlaps(layout.subnet(i)):
+                        used.add(i)
+    return used
+
+
+def netns_exists(path: Path) -> bool:
+    return sysmount.is_ns_file(path)

@@ -1,0 +1,500 @@
+"""The ``netns`` node provider: the embedded fleet, nodes made of Linux
+namespaces on the server's own machine (see :mod:`gpuclusters.linux`).
+
+GPU nodes are placed on the hosts of a fleet file (a host is a label here:
+every node runs on this machine); service nodes (a cluster's controller and
+login machines, asked for by layers through ``NodeAccess``) are the same
+kind of node without GPUs or a host. Both sit on their cluster's bridge.
+
+Contract notes (see ``providers.base``):
+
+* ``create`` completes synchronously (tens of milliseconds) and answers
+  RUNNING. It is idempotent on the node id: a node that is up is returned
+  as is; a recorded node whose namespaces are gone (host reboot, torn down
+  by hand) is made again with its disks kept. Nothing is ever recreated
+  unasked: ``status`` reports such a node MISSING until the control plane
+  asks for it again.
+* ``delete`` kills every process of the node, drops its namespaces, veth
+  and directories (not the shared volume), and the cluster's bridge with its
+  last node. Resources go first and the record last, so an interrupted
+  delete is finished by the next one.
+* Transient failures (a command failed, a volume not made yet) raise
+  ``ProviderError``; requests that can never work (unknown host, taken host,
+  bad names) raise ``PermanentProviderError``.
+
+Concurrency: operations on one cluster's nodes are serialised by a
+per-cluster lock (they share a bridge and an address range); different
+clusters proceed in parallel. A host-wide flock guards the choice of a new
+cluster's subnet against other servers on the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib.util
+import logging
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gpuclusters
+from gpuclusters.core.nodeshell import NodeAccess, NodeCommandError, NodeShell
+from gpuclusters.linux import layout, machine, network
+from gpuclusters.linux.layout import DEFAULT_NS_DIR, LayoutError, NodeLayout
+from gpuclusters.linux.machine import MachineError, NodeBoot
+from gpuclusters.linux.procs import ProcessesSurviveError
+from gpuclusters.linux.run import CommandError
+from gpuclusters.linux.shell import NamespaceShell
+from gpuclusters.providers.base import (
+    HostSpec,
+    Instance,
+    InstanceState,
+    NodeProvider,
+    NodeSpec,
+    PermanentProviderError,
+    ProviderError,
+)
+from gpuclusters.providers.netns.state import (
+    ClusterNetwork,
+    NodeRecord,
+    ProviderState,
+    StateError,
+    host_lock,
+)
+from gpuclusters.providers.volumes import VolumeStore
+
+log = logging.getLogger(__name__)
+
+AGENT = "agent"
+AGENT_SOCKET = "/run/gpuclusters/agent.sock"
+NODE_FILE = "/etc/gpuclusters/node.json"
+
+
+def runtime_paths() -> tuple[Path, ...]:
+    """Host paths a node must see at the same place to run this Python and
+    this package (the node agent does): the base interpreter, the virtual
+    environment and the directory the package is imported from."""
+    candidates = {
+        Path(sys.base_prefix).resolve(),
+        Path(sys.prefix).resolve(),
+        Path(gpuclusters.__file__).resolve().parent.parent,
+    }
+    ordered = sorted(candidates, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in ordered:
+        if not any(p.is_relative_to(k) for k in kept):
+            kept.append(p)
+    return tuple(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class NetnsProviderConfig:
+    fleet: list[HostSpec]
+    home: Path
+    ns_dir: Path = DEFAULT_NS_DIR
+    spawn_agent: bool = True
+    shares: tuple[Path, ...] = field(default_factory=runtime_paths)
+
+    def __post_init__(self) -> None:
+        # overlayfs options are comma separated and lowerdir lists are colon
+        # separated: such paths cannot be layers.
+        if any(c in str(self.home) for c in ",:\\"):
+            raise ValueError(f"the netns provider cannot use a home with , : or \\ in it: {self.home}")
+
+    @property
+    def state_file(self) -> Path:
+        return self.home / "netns-provider.json"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.home / "nodes"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def volumes(self) -> VolumeStore:
+        return VolumeStore(self.home / "volumes")
+
+    @property
+    def lock_file(self) -> Path:
+        return self.ns_dir.parent / "netns-alloc.lock"
+
+
+@contextlib.contextmanager
+def _errors(what: str) -> Iterator[None]:
+    """Translate lower-layer failures at the provider boundary."""
+    try:
+        yield
+    except ProviderError:
+        raise
+    except LayoutError as exc:
+        raise PermanentProviderError(f"{what}: {exc}") from exc
+    except (
+        CommandError,
+        MachineError,
+        NodeCommandError,
+        ProcessesSurviveError,
+        StateError,
+        OSError,
+    ) as exc:
+        raise ProviderError(f"{what}: {exc}") from exc
+
+
+@functools.cache
+def _agent_available() -> bool:
+    return importlib.util.find_spec("gpuclusters.agent") is not None
+
+
+class NetnsNodeProvider(NodeProvider):
+    name = "netns"
+
+    def __init__(self, config: NetnsProviderConfig) -> None:
+        self._cfg = config
+        self._hosts = {h.name: h for h in config.fleet}
+        self._state: ProviderState | None = None
+        self._load_lock = asyncio.Lock()
+        self._state_lock = asyncio.Lock()
+        self._cluster_locks: dict[str, asyncio.Lock] = {}
+
+    # -- state ---------------------------------------------------------------
+
+    async def _loaded(self) -> ProviderState:
+        if self._state is not None:
+            return self._state
+        async with self._load_lock:
+            if self._state is None:
+                with _errors("loading netns provider state"):
+                    state = await asyncio.to_thread(ProviderState.load, self._cfg.state_file)
+                await self._report_missing(state)
+                self._state = state
+        return self._state
+
+    async def _report_missing(self, state: ProviderState) -> None:
+        # The start-up reconciliation: say what vanished, change nothing.
+        for rec in state.nodes.values():
+            missing = await asyncio.to_thread(machine.missing_parts, rec.layout)
+            if missing:
+                log.warning(
+                    "netns node %s (%s) is missing its %s; reported missing until created again",
+                    rec.name,
+                    rec.node_id,
+                    ", ".join(missing),
+                )
+
+    async def _save(self, state: ProviderState) -> None:
+        with _errors("saving netns provider state"):
+            await asyncio.to_thread(state.save, self._cfg.state_file)
+
+    def _cluster_lock(self, cluster_id: str) -> asyncio.Lock:
+        return self._cluster_locks.setdefault(cluster_id, asyncio.Lock())
+
+    async def _network(self, state: ProviderState, cluster_id: str) -> ClusterNetwork:
+        net = state.networks.get(cluster_id)
+        if net is not None:
+            return net
+        async with host_lock(self._cfg.lock_file):
+            taken = await network.host_subnets_in_pool()
+            async with self._state_lock:
+                net = state.allocate_network(cluster_id, taken=taken)
+                if net is None:
+                    raise ProviderError("all 256 cluster networks of 10.231.0.0/16 are in use")
+                await self._save(state)
+            # Made while still holding the host lock: the address on the
+            # bridge is what tells other servers the subnet is taken.
+            await network.ensure_bridge(cluster_id, net.index)
+        return net
+
+    async def _add_record(self, state: ProviderState, rec: NodeRecord) -> None:
+        async with self._state_lock:
+            state.nodes[rec.node_id] = rec
+            await self._save(state)
+
+    async def _forget(self, state: ProviderState, node_ids: list[str], cluster_id: str) -> None:
+        """Drop records, and the cluster's network with its last node."""
+        async with self._state_lock:
+            for node_id in node_ids:
+                state.nodes.pop(node_id, None)
+            last = not state.members(cluster_id)
+            if last:
+                state.networks.pop(cluster_id, None)
+            await self._save(state)
+        if last:
+            # The lock object stays: a task may be waiting on it right now.
+            await network.delete_bridge(cluster_id)
+
+    # -- making nodes ---------------------------------------------------------
+
+    def _boot_spec(self, rec: NodeRecord, net: ClusterNetwork, shared: Path | None) -> NodeBoot:
+        host = self._hosts.get(rec.host) if rec.host else None
+        return NodeBoot(
+            layout=rec.layout,
+            hostname=rec.hostname,
+            cluster_id=rec.cluster_id,
+            network_index=net.index,
+            address=rec.address,
+            run_dir=self._cfg.run_dir,
+            gpus=(host.num_gpus if host else 8) if rec.kind == "gpu" else 0,
+            shared_dir=shared,
+            node_info=rec.node_info(),
+            masks=(self._cfg.home,),
+            shares=self._cfg.shares,
+        )
+
+    async def _volume_dir(self, volume_id: str | None) -> Path | None:
+        if volume_id is None:
+            return None
+        try:
+            data = self._cfg.volumes.path(volume_id) / "data"
+        except ValueError as exc:
+            raise PermanentProviderError(str(exc)) from exc
+        if not await asyncio.to_thread(data.is_dir):
+            raise ProviderError(f"volume {volume_id} has no data directory yet ({data})")
+        return data
+
+    async def _boot(self, state: ProviderState, rec: NodeRecord) -> None:
+        net = await self._network(state, rec.cluster_id)
+        up = not await asyncio.to_thread(machine.missing_parts, rec.layout)
+        if not (up and network.link_exists(net.bridge)):
+            shared = await self._volume_dir(rec.volume_id)
+            await network.ensure_bridge(rec.cluster_id, net.index)
+            await machine.boot(self._boot_spec(rec, net, shared), bridge=net.bridge)
+        if rec.kind == "gpu":
+            await self._start_agent(rec)
+
+    async def _start_agent(self, rec: NodeRecord) -> None:
+        if not self._cfg.spawn_agent:
+            return
+        if not _agent_available():
+            log.info("gpuclusters.agent is not installed; node %s runs without agent", rec.name)
+            return
+        env = {"GPUCLUSTERS_AGENT_NODE_FILE": NODE_FILE, "GPUCLUSTERS_AGENT_SOCKET": AGENT_SOCKET}
+        await self._shell(rec).spawn(AGENT, [sys.executable, "-m", "gpuclusters.agent"], env=env)
+
+    async def _make(self, state: ProviderState, rec: NodeRecord, *, fresh: bool) -> None:
+        """Boot a node; a fresh one that fails is removed again entirely."""
+        try:
+            with _errors(f"making node {rec.name}"):
+                await self._boot(state, rec)
+        except BaseException:
+            if fresh:
+                with _errors(f"cleaning up node {rec.name}"):
+                    await machine.destroy(rec.layout)
+                    await self._forget(state, [rec.node_id], rec.cluster_id)
+            raise
+
+    def _shell(self, rec: NodeRecord) -> NamespaceShell:
+        return NamespaceShell(rec.layout, hostname=rec.hostname, address=rec.address)
+
+    async def _instance(self, rec: NodeRecord) -> Instance:
+        missing = await asyncio.to_thread(machine.missing_parts, rec.layout)
+        net = self._state.networks.get(rec.cluster_id) if self._state else None
+        if net is None or not network.link_exists(net.bridge):
+            missing.append("cluster bridge")
+        if missing:
+            return Instance(
+                node_id=rec.node_id,
+                host=rec.host or "",
+                state=InstanceState.MISSING,
+                message=f"node {rec.name} lost its {', '.join(missing)}",
+            )
+        return Instance(node_id=rec.node_id, host=rec.host or "", state=InstanceState.RUNNING)
+
+    def _record(self, state: ProviderState, node_id: str, **fields: str | None) -> NodeRecord:
+        """A new, validated record (not yet stored, no address yet)."""
+        with _errors(f"node {node_id}"):
+            layout.check_id(node_id, "node id")
+            layout.check_id(str(fields["cluster_id"]), "cluster id")
+            layout.check_hostname(str(fields["hostname"]))
+        clash = state.prefix_clash(node_id)
+        if clash is not None:
+            raise PermanentProviderError(
+                f"node id {node_id} shares its interface names with node {clash.node_id}"
+            )
+        return NodeRecord(
+            node_id=node_id,
+            address="",
+            ns_dir=str(self._cfg.ns_dir),
+            nodes_dir=str(self._cfg.nodes_dir),
+            **fields,  # type: ignore[arg-type]
+        )
+
+    async def _place(self, state: ProviderState, rec: NodeRecord) -> None:
+        """Give a new record its address and persist it (before any namespace
+        exists: intent first)."""
+        await self._network(state, rec.cluster_id)
+        async with self._state_lock:
+            address = state.allocate_address(rec.cluster_id)
+            if address is None:
+                raise PermanentProviderError(f"cluster {rec.cluster_name} has no free address")
+            rec.address = address
+        await self._add_record(state, rec)
+
+    # -- NodeProvider -------------------------------------------------------
+
+    async def hosts(self) -> list[HostSpec]:
+        return list(self._cfg.fleet)
+
+    async def create(self, spec: NodeSpec) -> Instance:
+        state = await self._loaded()
+        async with self._cluster_lock(spec.cluster_id):
+            rec = state.nodes.get(spec.node_id)
+            if rec is not None:
+                if rec.kind != "gpu":
+                    raise PermanentProviderError(f"{spec.node_id} is a service node")
+                # Up: make sure the agent runs. Gone: make it again, disks kept.
+                await self._make(state, rec, fresh=False)
+                return await self._instance(rec)
+            host = self._hosts.get(spec.host)
+            if host is None:
+                raise PermanentProviderError(f"unknown host {spec.host!r}")
+            if host.gpu_type != spec.gpu_type:
+                raise PermanentProviderError(
+                    f"host {host.name} has {host.gpu_type} GPUs, not {spec.gpu_type}"
+                )
+            taken = state.node_on_host(spec.host)
+            if taken is not None:
+                raise PermanentProviderError(f"host {spec.host} already runs node {taken.name}")
+            rec = self._record(
+                state,
+                spec.node_id,
+                kind="gpu",
+                name=spec.name,
+                hostname=spec.name,
+                cluster_id=spec.cluster_id,
+                cluster_name=spec.cluster_name,
+                host=spec.host,
+                gpu_type=spec.gpu_type,
+                compute_class=spec.compute_class,
+                volume_id=spec.volume_id,
+            )
+            rec.labels = dict(spec.labels)
+            await self._volume_dir(spec.volume_id)  # fail before allocating anything
+            with _errors(f"placing node {spec.name}"):
+                await self._place(state, rec)
+            await self._make(state, rec, fresh=True)
+            return await self._instance(rec)
+
+    async def status(self, node_id: str) -> Instance:
+        state = await self._loaded()
+        rec = state.nodes.get(node_id)
+        if rec is None or rec.kind != "gpu":
+            return Instance(node_id=node_id, host="", state=InstanceState.MISSING)
+        return await self._instance(rec)
+
+    async def delete(self, node_id: str) -> None:
+        state = await self._loaded()
+        rec = state.nodes.get(node_id)
+        if rec is None:
+            await self._delete_unrecorded(node_id)
+            return
+        async with self._cluster_lock(rec.cluster_id):
+            if node_id not in state.nodes:
+                return  # deleted while we waited for the lock
+            with _errors(f"deleting node {rec.name}"):
+                await machine.destroy(rec.layout)
+                await self._forget(state, [node_id], rec.cluster_id)
+
+    async def _delete_unrecorded(self, node_id: str) -> None:
+        # Everything a node has is named after its id, so remains of a node
+        # whose record was lost (a restored state file) can still be found.
+        try:
+            lay = NodeLayout(node_id, self._cfg.ns_dir, self._cfg.nodes_dir)
+        except LayoutError:
+            return
+        paths = (lay.netns_path, lay.mnt_file, lay.dir)
+        if any(await asyncio.to_thread(lambda: [p.exists() for p in paths])):
+            with _errors(f"deleting remains of node {node_id}"):
+                await machine.destroy(lay)
+
+    async def reboot(self, node_id: str) -> Instance:
+        return await self._restart(node_id, reprovision=False)
+
+    async def reprovision(self, node_id: str) -> Instance:
+        return await self._restart(node_id, reprovision=True)
+
+    async def _restart(self, node_id: str, *, reprovision: bool) -> Instance:
+        state = await self._loaded()
+        rec = state.nodes.get(node_id)
+        if rec is None or rec.kind != "gpu":
+            raise PermanentProviderError(f"no node {node_id} to restart")
+        async with self._cluster_lock(rec.cluster_id):
+            with _errors(f"restarting node {rec.name}"):
+                await machine.power_off(rec.layout)
+                if reprovision:
+                    await machine.wipe(rec.layout)
+            await self._make(state, rec, fresh=False)
+            return await self._instance(rec)
+
+    async def list_instances(self) -> list[Instance]:
+        # GPU nodes only: service nodes have no node row, and listing them
+        # would make housekeeping delete them as orphans.
+        state = await self._loaded()
+        recs = sorted((r for r in state.nodes.values() if r.kind == "gpu"), key=lambda r: r.node_id)
+        return [await self._instance(r) for r in recs]
+
+    async def close(self) -> None:
+        """Nothing to release: nodes are namespaces and keep running."""
+
+    # -- NodeAccess -----------------------------------------------------------
+
+    async def shell(self, node_id: str) -> NodeShell:
+        state = await self._loaded()
+        rec = state.nodes.get(node_id)
+        if rec is None:
+            raise PermanentProviderError(f"no node {node_id}")
+        return self._shell(rec)
+
+    async def ensure_service_node(
+        self, *, cluster_id: str, cluster_name: str, role: str, volume_id: str | None
+    ) -> NodeShell:
+        state = await self._loaded()
+        async with self._cluster_lock(cluster_id):
+            rec = state.service_node(cluster_id, role)
+            if rec is not None and rec.volume_id != volume_id:
+                # A different volume: reboot the node onto it.
+                rec.volume_id = volume_id
+                await self._add_record(state, rec)
+                with _errors(f"restarting service node {rec.name}"):
+                    await machine.power_off(rec.layout)
+            if rec is not None:
+                await self._make(state, rec, fresh=False)
+                return self._shell(rec)
+            hostname = f"{cluster_name}-{role}"
+            rec = self._record(
+                state,
+                uuid.uuid4().hex,
+                kind="service",
+                name=hostname,
+                hostname=hostname,
+                cluster_id=cluster_id,
+                cluster_name=cluster_name,
+                role=role,
+                volume_id=volume_id,
+            )
+            await self._volume_dir(volume_id)
+            with _errors(f"placing service node {hostname}"):
+                await self._place(state, rec)
+            await self._make(state, rec, fresh=True)
+            return self._shell(rec)
+
+    async def delete_service_nodes(self, *, cluster_id: str) -> None:
+        state = await self._loaded()
+        async with self._cluster_lock(cluster_id):
+            recs = [r for r in state.members(cluster_id) if r.kind == "service"]
+            if not recs:
+                return
+            with _errors(f"deleting service nodes of cluster {cluster_id}"):
+                for rec in recs:
+                    await machine.destroy(rec.layout)
+                await self._forget(state, [r.node_id for r in recs], cluster_id)
+
+
+def _static_checks(p: NetnsNodeProvider) -> NodeAccess:
+    # mypy verifies here that the provider satisfies the NodeAccess protocol.
+    return p

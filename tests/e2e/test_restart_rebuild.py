@@ -1,0 +1,56 @@
+"""After a restart, nodes whose instance vanished while the server was down
+(a host reboot wipes the embedded fleet's namespaces) are rebuilt in place:
+same node, same host, new instance; the cluster ends ready again."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Servers
+
+pytestmark = pytest.mark.slow
+P = "/v1/projects/default"
+
+
+def test_lost_instances_are_rebuilt_after_restart(server_factory: Servers) -> None:
+    server = server_factory(boot_delay_s=0.2)
+    with server.client() as api:
+        assert (
+            api.post(
+                f"{P}/clusters", json={"name": "demo", "cluster_type": "slurm", "num_gpus": 16}
+            ).status_code
+            == 201
+        )
+        server.wait_for(
+            "ready",
+            lambda: api.get(f"{P}/clusters/demo").json()["status"] == "ready",
+            timeout=30,
+        )
+        before = {n["name"]: n for n in api.get(f"{P}/clusters/demo").json()["nodes"]}
+    assert server.stop() == 0
+
+    instances = server.instances()
+    lost_id = sorted(instances)[0]
+    lost_name = instances[lost_id]["name"]
+    del instances[lost_id]
+    server.write_instances(instances)
+
+    server.start()
+    with server.client() as api:
+
+        def rebuilt() -> bool:
+            return len(server.instances()) == 2 and (
+                api.get(f"{P}/clusters/demo").json()["status"] == "ready"
+            )
+
+        server.wait_for("node rebuilt", rebuilt, timeout=30)
+        after = {n["name"]: n for n in api.get(f"{P}/clusters/demo").json()["nodes"]}
+    assert set(after) == set(before)  # the same nodes, none replaced
+    assert {n: after[n]["host"] for n in after} == {n: before[n]["host"] for n in before}
+    assert {n["phase"] for n in after.values()} == {"running"}
+    assert lost_id in server.instances()
+    assert after[lost_name]["ready_at"] != before[lost_name]["ready_at"]
+    assert "instance lost; rebuilding" not in {n["message"] for n in after.values()}
