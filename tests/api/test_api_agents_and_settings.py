@@ -105,3 +105,24 @@ async def test_ssh_needs_a_provider_with_shells(api: ApiHarness) -> None:
 
 async def api_tick() -> None:
     await asyncio.sleep(0.05)
+
+
+async def test_owned_slurm_keys_are_refused_when_saved(api: ApiHarness) -> None:
+    r = await api.client.post(
+        f"{P}/clusters",
+        json={
+            "name": "s",
+            "cluster_type": "slurm",
+            "num_gpus": 8,
+            "slurm": {"extra_config": "ClusterName=evil\n"},
+        },
+    )
+    assert r.status_code == 422
+    assert r.json()["field"] == "slurm.extra_config" and "ClusterName" in r.json()["message"]
+    assert (await api.client.get(f"{P}/clusters")).json() == []
+    await _ready(api)
+    r = await api.client.patch(
+        f"{P}/clusters/demo", json={"slurm": {"extra_config": "AuthType=auth/none"}}
+    )
+    assert r.status_code == 422 and "AuthType" in r.json()["message"]
+    assert (await api.client.get(f"{P}/clusters/demo")).json()["slurm"]["extra_config"] == ""

@@ -34,6 +34,14 @@ class UnixUser:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeRef:
+    node_id: str
+    name: str
+    host: str
+    compute_class: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterRef:
     cluster_id: str
     name: str
@@ -44,14 +52,9 @@ class ClusterRef:
     slurm_prolog: str | None = None
     slurm_epilog: str | None = None
     users: tuple[UnixUser, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRef:
-    node_id: str
-    name: str
-    host: str
-    compute_class: str
+    # The cluster's nodes that have joined (or are joining), for layers that
+    # must touch every node when configuration changes.
+    nodes: tuple[NodeRef, ...] = ()
 
 
 class ClusterLayer(ABC):

@@ -24,4 +24,7 @@ Modules, bottom up:
 This package knows nothing of providers, clusters as records, or the
 control plane: it sits below ``gpuclusters.providers`` and above
 ``gpuclusters.core`` (import-linter layers). Everything needs root.
+
+Keep this module free of imports: the ``_nsinit`` helper imports
+``_nodeops`` through it, and its start-up time is a node's creation time.
 """

@@ -1,20 +1,20 @@
 """File and daemon operations inside a node: the helper behind NamespaceShell.
 
-Run on the host as::
+Run on the host as ``python -I -S _nodeops.py`` with a ``marshal``-encoded
+request on stdin: ``{"netns", "mnt", "uts", "op", "args"}``. It joins the
+node's network, UTS and mount namespaces itself (setns through ctypes; a
+single-threaded process may switch mount namespace, the multi-threaded
+server may not) and then works with paths *inside* the node, so it does not
+depend on anything being installed in the node. Standard library builtins
+and ctypes only, everything imported before the switch; marshal rather than
+JSON because start-up time is this helper's whole cost.
 
-    python -I -S _nodeops.py <netns> <mnt-ns file> <uts-ns file> <op> '<json args>'
-
-It joins the node's network, UTS and mount namespaces itself (setns through
-ctypes; a single-threaded process may switch mount namespace, the
-multi-threaded server may not) and then works with paths *inside* the node,
-so it does not depend on anything being installed in the node. Standard
-library only, everything imported before the switch.
-
-Ops (the result is on stdout, errors one line on stderr):
+Ops (the result is on stdout, errors one line on stderr, exit 1):
 
 ``read``    the file's bytes; exit 2 if it does not exist
-``write``   data on stdin; atomic (temp file + rename), parents created;
-            prints ``changed`` or ``unchanged`` (same bytes, mode and owner)
+``write``   ``args["data"]`` written atomically (temp file + rename),
+            parents created; prints ``changed`` or ``unchanged`` (same
+            bytes, mode and owner: then nothing is written)
 ``spawn``   starts a daemon like ``setsid -f``: fork, setsid, exec, output
             appended to /var/log/gpuclusters/<name>.log, pidfile
             /run/gpuclusters-daemons/<name>.pid ("<pid> <starttime>") written
@@ -29,21 +29,31 @@ start time recorded in the pidfile (pids get reused) and is still in this
 node's network namespace.
 """
 
+# try/except/pass instead of contextlib.suppress: contextlib's imports would
+# add a fifth to this helper's start-up time.
+# ruff: noqa: SIM105
+
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
+import marshal
 import os
 import pwd
-import signal
 import sys
 import time
-from typing import Any
+
+# Not `from typing import ...`: typing (with re and enum) would double the
+# start-up time. mypy treats this flag like typing.TYPE_CHECKING.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
+# Linux signal numbers; the signal module would pull in enum (slow start-up).
+SIGKILL = 9
+SIGTERM = 15
 DAEMON_DIR = "/run/gpuclusters-daemons"
 LOG_DIR = "/var/log/gpuclusters"
 EXIT_MISSING = 2
@@ -63,8 +73,7 @@ def enter(netns: str, mnt: str, uts: str) -> None:
     fds = [(os.open(path, os.O_RDONLY), flag) for path, flag in order]
     for fd, flag in fds:
         if libc.setns(fd, flag) != 0:
-            err = ctypes.get_errno()
-            raise OpError(f"setns: {os.strerror(err)}")
+            raise OpError(f"setns: {os.strerror(ctypes.get_errno())}")
         os.close(fd)
     os.chdir("/")
 
@@ -110,6 +119,13 @@ def alive(pid: int) -> bool:
     return info is not None and info[0] not in ("Z", "X")
 
 
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def op_read(args: dict[str, Any]) -> int:
     try:
         with open(args["path"], "rb") as f:
@@ -120,24 +136,31 @@ def op_read(args: dict[str, Any]) -> int:
     return 0
 
 
-def op_write(args: dict[str, Any]) -> int:
-    path, mode, owner = args["path"], int(args["mode"]), args.get("owner")
-    data = sys.stdin.buffer.read()
-    uid = gid = -1
-    if owner is not None:
-        try:
-            pw = pwd.getpwnam(owner)
-        except KeyError:
-            raise OpError(f"no user {owner!r} in the node") from None
-        uid, gid = pw.pw_uid, pw.pw_gid
-    with contextlib.suppress(OSError):
+def unchanged(path: str, data: bytes, mode: int, owner: tuple[int, int] | None) -> bool:
+    try:
         st = os.stat(path)
-        same_owner = owner is None or (st.st_uid, st.st_gid) == (uid, gid)
-        if same_owner and st.st_mode & 0o7777 == mode:
-            with open(path, "rb") as f:
-                if f.read() == data:
-                    print("unchanged")
-                    return 0
+        if st.st_mode & 0o7777 != mode:
+            return False
+        if owner is not None and (st.st_uid, st.st_gid) != owner:
+            return False
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
+
+
+def op_write(args: dict[str, Any]) -> int:
+    path, data, mode, user = args["path"], args["data"], int(args["mode"]), args["owner"]
+    owner = None
+    if user is not None:
+        try:
+            pw = pwd.getpwnam(user)  # the node's /etc/passwd: we are inside
+        except KeyError:
+            raise OpError(f"no user {user!r} in the node") from None
+        owner = (pw.pw_uid, pw.pw_gid)
+    if unchanged(path, data, mode, owner):
+        print("unchanged")
+        return 0
     parent = os.path.dirname(path) or "/"
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.gpc-{os.getpid()}")
@@ -147,19 +170,18 @@ def op_write(args: dict[str, Any]) -> int:
             f.write(data)
             os.fchmod(f.fileno(), mode)
             if owner is not None:
-                os.fchown(f.fileno(), uid, gid)
+                os.fchown(f.fileno(), *owner)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        unlink_quietly(tmp)
         raise
     print("changed")
     return 0
 
 
-def _daemon_child(name: str, argv: list[str], env: dict[str, str], report: int) -> None:
+def daemon_child(name: str, argv: list[str], env: dict[str, str], report: int) -> None:
     """In the forked child: become the daemon. Never returns."""
     try:
         os.setsid()
@@ -181,8 +203,10 @@ def _daemon_child(name: str, argv: list[str], env: dict[str, str], report: int) 
         os.replace(tmp, pidfile(name))
         os.execvpe(argv[0], argv, env)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
+        try:
             os.write(report, f"{argv[0]}: {exc}".encode())
+        except OSError:
+            pass
     os._exit(127)
 
 
@@ -198,15 +222,14 @@ def op_spawn(args: dict[str, Any]) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _daemon_child(name, argv, env, w)
+        daemon_child(name, argv, env, w)
     os.close(w)
     chunks = []
     while chunk := os.read(r, 4096):
         chunks.append(chunk)
     if chunks:
         os.waitpid(pid, 0)
-        with contextlib.suppress(OSError):
-            os.unlink(pidfile(name))
+        unlink_quietly(pidfile(name))
         raise OpError(b"".join(chunks).decode("utf-8", "replace"))
     # The daemon runs on; this helper exits and the daemon is reparented to
     # init (or the nearest subreaper), no longer a descendant of the server.
@@ -222,7 +245,7 @@ def op_status(args: dict[str, Any]) -> int:
     return 0
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
+def wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while alive(pid):
         if time.monotonic() >= deadline:
@@ -231,21 +254,25 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
     return True
 
 
+def signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def op_stop(args: dict[str, Any]) -> int:
     name, timeout_s = args["name"], float(args["timeout_s"])
     pid = running(name)
     if pid is not None:
         # The daemon leads its own session and process group (setsid), so the
         # group signal reaches the children it forked too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        if not _wait_gone(pid, timeout_s):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            if not _wait_gone(pid, 5.0):
+        signal_group(pid, SIGTERM)
+        if not wait_gone(pid, timeout_s):
+            signal_group(pid, SIGKILL)
+            if not wait_gone(pid, 5.0):
                 raise OpError(f"daemon {name} (pid {pid}) survived SIGKILL")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(pidfile(name))
+    unlink_quietly(pidfile(name))
     print("stopped")
     return 0
 
@@ -254,14 +281,23 @@ OPS = {"read": op_read, "write": op_write, "spawn": op_spawn, "status": op_statu
 
 
 def main() -> int:
-    netns, mnt, uts, op, raw = sys.argv[1:6]
+    request = marshal.loads(sys.stdin.buffer.read())
+    op = request["op"]
     try:
-        enter(netns, mnt, uts)
-        return OPS[op](json.loads(raw))
+        enter(request["netns"], request["mnt"], request["uts"])
+        return OPS[op](request["args"])
     except (OpError, OSError) as exc:
         print(f"{op}: {exc}", file=sys.stderr)
         return 1
 
 
+def exit_now(code: int) -> None:
+    # Skip interpreter finalisation: a few milliseconds per call, nothing
+    # to clean up here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -28,6 +28,13 @@ from pathlib import Path
 NETNS_DIR = Path("/run/netns")
 DEFAULT_NS_DIR = Path("/run/gpuclusters/ns")
 SUBNET_POOL = ipaddress.IPv4Network("10.231.0.0/16")
+# The whole environment of commands and daemons run in nodes (plus what the
+# caller adds): nothing of the server's environment leaks into a node.
+NODE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
 FIRST_NODE_HOST = 10  # .1 is the host's address on the bridge; .2-.9 stay free
 LAST_NODE_HOST = 254
 

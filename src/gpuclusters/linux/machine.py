@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import marshal
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.linux import network, procs, sysmount
-from gpuclusters.linux.layout import NodeLayout
-from gpuclusters.linux.run import run
+from gpuclusters.linux.layout import NODE_ENV, NodeLayout
+from gpuclusters.linux.run import CommandError, run
 
 NSINIT = Path(__file__).with_name("_nsinit.py")
 _HEX = frozenset("0123456789abcdef")
@@ -47,12 +48,20 @@ class MachineError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Daemon:
+    """A daemon a node starts at boot (as ``NodeShell.spawn`` would)."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeBoot:
     """Everything needed to boot one node."""
 
     layout: NodeLayout
     hostname: str
-    cluster_id: str
     network_index: int
     address: str
     run_dir: Path
@@ -61,9 +70,10 @@ class NodeBoot:
     node_info: dict[str, Any] = field(default_factory=dict)
     masks: tuple[Path, ...] = ()
     shares: tuple[Path, ...] = ()
+    daemons: tuple[Daemon, ...] = ()
 
 
-def missing_parts(node: NodeLayout) -> list[str]:
+def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
     """What of a booted node is not there (empty: the node is up)."""
     missing = []
     if not sysmount.is_ns_file(node.netns_path):
@@ -72,8 +82,12 @@ def missing_parts(node: NodeLayout) -> list[str]:
         missing.append("mount namespace")
     if not sysmount.is_ns_file(node.uts_file):
         missing.append("UTS namespace")
+    if not network.link_exists(bridge):
+        missing.append("cluster bridge")
     if not network.link_exists(node.veth):
         missing.append("veth")
+    elif not network.attached(node.veth, bridge):
+        missing.append("place on the cluster bridge")
     return missing
 
 
@@ -84,12 +98,24 @@ def _machine_id(node_id: str) -> str:
     return hashlib.sha256(node_id.encode()).hexdigest()[:32]
 
 
+_private_dirs: set[Path] = set()
+
+
+def _ensure_ns_dir(path: Path) -> None:
+    # Once per process and directory: nothing of ours unmounts it again.
+    if path not in _private_dirs or not path.is_dir():
+        sysmount.ensure_private_dir(path)
+        _private_dirs.add(path)
+
+
 def _prepare_dirs(b: NodeBoot) -> None:
     node = b.layout
-    for path in (node.root, node.scratch, *(node.work(n) for n in OVERLAID)):
+    for path in (node.root, *(node.work(n) for n in OVERLAID)):
         path.mkdir(parents=True, exist_ok=True)
-    node.tmp.mkdir(parents=True, exist_ok=True)
-    node.tmp.chmod(0o1777)
+    # /tmp and the local NVMe are for every user of the node, like /tmp.
+    for path in (node.tmp, node.scratch):
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o1777)
     etc = node.upper("etc")
     (etc / "gpuclusters").mkdir(parents=True, exist_ok=True)
     (node.upper("var") / "log" / "gpuclusters").mkdir(parents=True, exist_ok=True)
@@ -106,11 +132,9 @@ def _prepare_dirs(b: NodeBoot) -> None:
             "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
             f"{b.address}\t{b.hostname}\n"
         )
-    node.ns_dir.mkdir(parents=True, exist_ok=True)
-    sysmount.ensure_private_dir(node.ns_dir)
+    _ensure_ns_dir(node.ns_dir)
     for f in (node.mnt_file, node.uts_file):
-        if f.exists() and not sysmount.is_ns_file(f):
-            f.unlink()  # stale: left from before a host reboot
+        f.touch()  # unshare(1) binds the namespaces onto existing files
 
 
 def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
@@ -135,18 +159,26 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
         "gpus": b.gpus,
         "masks": [str(p) for p in b.masks],
         "shares": [str(p) for p in b.shares],
+        "daemons": [
+            {"name": d.name, "argv": list(d.argv), "env": {**NODE_ENV, **d.env}} for d in b.daemons
+        ],
     }
 
 
-async def boot(b: NodeBoot, *, bridge: str) -> None:
+async def boot(b: NodeBoot, *, bridge: str) -> bool:
+    """Make what is missing of the node; returns whether its mount namespace
+    was (re)made, and so its boot daemons started."""
     node = b.layout
-    await network.ensure_node_link(
+    fresh_netns = await network.ensure_node_link(
         node, bridge=bridge, index=b.network_index, address=b.address
     )
-    if sysmount.is_ns_file(node.mnt_file) and sysmount.is_ns_file(node.uts_file):
-        return
-    # Half a pair (a crash mid-boot) is thrown away and made again.
-    await asyncio.to_thread(_power_off, node)
+    pinned = [sysmount.is_ns_file(f) for f in (node.mnt_file, node.uts_file)]
+    if all(pinned):
+        return False
+    if any(pinned) or not fresh_netns:
+        # Leftovers of an earlier life (half a pair after a crash mid-boot,
+        # processes still in the netns, holding the old mounts): gone first.
+        await asyncio.to_thread(_power_off, node)
     await asyncio.to_thread(_prepare_dirs, b)
     argv = [
         "unshare",
@@ -159,9 +191,13 @@ async def boot(b: NodeBoot, *, bridge: str) -> None:
         "-I",
         "-S",
         str(NSINIT),
-        json.dumps(_nsinit_spec(b)),
     ]
-    await run(argv, timeout_s=30)
+    try:
+        await run(argv, stdin=marshal.dumps(_nsinit_spec(b)), timeout_s=30)
+    except CommandError:
+        _private_dirs.discard(node.ns_dir)  # check it again next time
+        raise
+    return True
 
 
 def _ns_ids(node: NodeLayout) -> set[procs.NsId]:

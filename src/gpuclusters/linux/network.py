@@ -19,7 +19,6 @@ import hashlib
 import ipaddress
 import json
 import os
-from pathlib import Path
 
 from gpuclusters.linux import layout, sysmount
 from gpuclusters.linux.layout import NodeLayout
@@ -31,6 +30,15 @@ IP = "ip"
 def link_exists(name: str) -> bool:
     # The server runs in the host's netns, whose links its /sys shows.
     return os.path.lexists(f"/sys/class/net/{name}")
+
+
+def attached(port: str, bridge: str) -> bool:
+    """Whether link ``port`` is a port of ``bridge`` (a deleted and remade
+    bridge has lost its ports)."""
+    try:
+        return os.path.basename(os.readlink(f"/sys/class/net/{port}/master")) == bridge
+    except OSError:
+        return False
 
 
 async def _batch(commands: list[str], *, netns: str | None = None) -> None:
@@ -66,10 +74,12 @@ async def delete_bridge(cluster_id: str) -> None:
         await _batch([f"link del {name}"])
 
 
-async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address: str) -> None:
-    """Named netns, veth pair on ``bridge``, address and default route."""
+async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address: str) -> bool:
+    """Named netns, veth pair on ``bridge``, address and default route.
+    Returns whether the netns is new (so it cannot hold processes yet)."""
     cmds = []
-    if not sysmount.is_ns_file(node.netns_path):
+    fresh = not sysmount.is_ns_file(node.netns_path)
+    if fresh:
         if node.netns_path.exists():
             # A plain file left from before a host reboot: `ip netns add`
             # refuses to reuse it.
@@ -88,6 +98,7 @@ async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address
         ],
         netns=node.netns,
     )
+    return fresh
 
 
 async def delete_node_link(node: NodeLayout) -> None:
@@ -117,7 +128,3 @@ async def host_subnets_in_pool() -> set[int]:
                     if net.overlaps(layout.subnet(i)):
                         used.add(i)
     return used
-
-
-def netns_exists(path: Path) -> bool:
-    return sysmount.is_ns_file(path)

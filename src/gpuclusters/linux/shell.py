@@ -9,12 +9,15 @@
   node's namespaces itself and so works whatever is installed in the node.
 * ``exec_argv`` is the same nsenter line, for a terminal.
 
-Timeouts of ``run`` come back as exit status 124, like timeout(1).
+Timeouts of ``run`` come back as exit status 124, like timeout(1) (the
+command's whole process group is killed). ``run`` waits until every process
+holding its output exits, so a command that backgrounds a daemon (``cmd &``)
+runs into the timeout: long-lived processes belong to ``spawn``.
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,12 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.core.nodeshell import CommandResult, NodeCommandError, NodeShell
-from gpuclusters.linux.layout import NodeLayout
+from gpuclusters.linux.layout import NODE_ENV, NodeLayout
 from gpuclusters.linux.run import CommandError, CommandTimeoutError, Completed, run
 
 NODEOPS = Path(__file__).with_name("_nodeops.py")
-NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BASE_ENV = {"PATH": NODE_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
 TIMEOUT_EXIT = 124
 _EXIT_MISSING = 2
 _EXIT_NOT_RUNNING = 3
@@ -81,7 +82,7 @@ class NamespaceShell:
         full = [*self._nsenter(), *self._as_user(user), *argv]
         try:
             done = await run(
-                full, stdin=stdin, env={**BASE_ENV, **(env or {})}, timeout_s=timeout_s, check=False
+                full, stdin=stdin, env={**NODE_ENV, **(env or {})}, timeout_s=timeout_s, check=False
             )
             result = CommandResult(done.returncode, _text(done.stdout), _text(done.stderr))
         except CommandTimeoutError:
@@ -97,30 +98,28 @@ class NamespaceShell:
         op: str,
         args: dict[str, Any],
         *,
-        stdin: bytes | None = None,
         timeout_s: float = 30.0,
         ok: tuple[int, ...] = (0,),
     ) -> Completed:
         node = self._node
-        argv = [
-            sys.executable,
-            "-I",
-            "-S",
-            str(NODEOPS),
-            str(node.netns_path),
-            str(node.mnt_file),
-            str(node.uts_file),
-            op,
-            json.dumps(args),
-        ]
+        request = {
+            "netns": str(node.netns_path),
+            "mnt": str(node.mnt_file),
+            "uts": str(node.uts_file),
+            "op": op,
+            "args": args,
+        }
+        argv = [sys.executable, "-I", "-S", str(NODEOPS)]
+        what = [op, *(str(v) for k, v in args.items() if k != "data")]
         try:
-            done = await run(argv, stdin=stdin, timeout_s=timeout_s, check=False)
+            done = await run(argv, stdin=marshal.dumps(request), timeout_s=timeout_s, check=False)
         except CommandError as exc:
-            result = CommandResult(exc.returncode, "", str(exc))
-            raise NodeCommandError(self._hostname, [op, *map(str, args.values())], result) from exc
+            raise NodeCommandError(
+                self._hostname, what, CommandResult(exc.returncode, "", str(exc))
+            ) from exc
         if done.returncode not in ok:
             result = CommandResult(done.returncode, _text(done.stdout), _text(done.stderr))
-            raise NodeCommandError(self._hostname, [op, *map(str, args.values())], result)
+            raise NodeCommandError(self._hostname, what, result)
         return done
 
     async def spawn(
@@ -131,7 +130,7 @@ class NamespaceShell:
         if not argv:
             raise ValueError("empty argv")
         await self._op(
-            "spawn", {"name": name, "argv": list(argv), "env": {**BASE_ENV, **(env or {})}}
+            "spawn", {"name": name, "argv": list(argv), "env": {**NODE_ENV, **(env or {})}}
         )
 
     async def stop(self, name: str, *, timeout_s: float = 10.0) -> None:
@@ -144,8 +143,8 @@ class NamespaceShell:
     async def write_file(
         self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None
     ) -> bool:
-        args = {"path": _node_path(path), "mode": mode, "owner": owner}
-        done = await self._op("write", args, stdin=data)
+        args = {"path": _node_path(path), "data": bytes(data), "mode": mode, "owner": owner}
+        done = await self._op("write", args)
         return done.stdout.strip() == b"changed"
 
     async def read_file(self, path: str) -> bytes | None:
@@ -155,7 +154,7 @@ class NamespaceShell:
     def exec_argv(self, argv: Sequence[str], *, user: str | None = None) -> list[str]:
         # The caller's environment would leak into the node otherwise; TERM
         # is set because an interactive shell needs one.
-        env = [f"{k}={v}" for k, v in BASE_ENV.items()] + ["TERM=xterm-256color"]
+        env = [f"{k}={v}" for k, v in NODE_ENV.items()] + ["TERM=xterm-256color"]
         return [*self._nsenter(), "env", "-i", *env, *self._as_user(user), *argv]
 
 

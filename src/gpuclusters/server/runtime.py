@@ -11,8 +11,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gpuclusters.core.enums import ClusterType
 from gpuclusters.core.nodeshell import NodeAccess
+from gpuclusters.layers.bare.layer import BareLayer
 from gpuclusters.layers.base import ClusterLayer
 from gpuclusters.layers.noop.layer import NoopLayer
+from gpuclusters.layers.slurm.layer import SlurmLayer
 from gpuclusters.providers.base import NodeProvider
 from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server.controllers.hints import Hints
@@ -41,7 +43,14 @@ class Runtime:
 
 
 def layers_for_provider(provider: NodeProvider) -> dict[ClusterType, ClusterLayer]:
-    """Which orchestrator layers run over this provider's nodes. Fake nodes
-    are bookkeeping only, so they get the no-op layer for every type."""
+    """Which orchestrator layers run over this provider's nodes. Providers
+    with shells on their nodes (netns) get real Slurm; Kubernetes clusters get
+    bare nodes with accounts until the Kubernetes layer lands. Fake nodes are
+    bookkeeping only, so they get the no-op layer for every type."""
+    if isinstance(provider, NodeAccess):
+        return {
+            ClusterType.KUBERNETES: BareLayer(provider),
+            ClusterType.SLURM: SlurmLayer(provider),
+        }
     noop = NoopLayer()
     return {ClusterType.KUBERNETES: noop, ClusterType.SLURM: noop}

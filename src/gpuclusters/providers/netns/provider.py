@@ -38,14 +38,12 @@ import logging
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import gpuclusters
 from gpuclusters.core.nodeshell import NodeAccess, NodeCommandError, NodeShell
 from gpuclusters.linux import layout, machine, network
-from gpuclusters.linux.layout import DEFAULT_NS_DIR, LayoutError, NodeLayout
-from gpuclusters.linux.machine import MachineError, NodeBoot
+from gpuclusters.linux.layout import LayoutError, NodeLayout
+from gpuclusters.linux.machine import Daemon, MachineError, NodeBoot
 from gpuclusters.linux.procs import ProcessesSurviveError
 from gpuclusters.linux.run import CommandError
 from gpuclusters.linux.shell import NamespaceShell
@@ -58,6 +56,7 @@ from gpuclusters.providers.base import (
     PermanentProviderError,
     ProviderError,
 )
+from gpuclusters.providers.netns.config import NetnsProviderConfig
 from gpuclusters.providers.netns.state import (
     ClusterNetwork,
     NodeRecord,
@@ -65,65 +64,12 @@ from gpuclusters.providers.netns.state import (
     StateError,
     host_lock,
 )
-from gpuclusters.providers.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
 AGENT = "agent"
 AGENT_SOCKET = "/run/gpuclusters/agent.sock"
 NODE_FILE = "/etc/gpuclusters/node.json"
-
-
-def runtime_paths() -> tuple[Path, ...]:
-    """Host paths a node must see at the same place to run this Python and
-    this package (the node agent does): the base interpreter, the virtual
-    environment and the directory the package is imported from."""
-    candidates = {
-        Path(sys.base_prefix).resolve(),
-        Path(sys.prefix).resolve(),
-        Path(gpuclusters.__file__).resolve().parent.parent,
-    }
-    ordered = sorted(candidates, key=lambda p: len(p.parts))
-    kept: list[Path] = []
-    for p in ordered:
-        if not any(p.is_relative_to(k) for k in kept):
-            kept.append(p)
-    return tuple(kept)
-
-
-@dataclass(frozen=True, slots=True)
-class NetnsProviderConfig:
-    fleet: list[HostSpec]
-    home: Path
-    ns_dir: Path = DEFAULT_NS_DIR
-    spawn_agent: bool = True
-    shares: tuple[Path, ...] = field(default_factory=runtime_paths)
-
-    def __post_init__(self) -> None:
-        # overlayfs options are comma separated and lowerdir lists are colon
-        # separated: such paths cannot be layers.
-        if any(c in str(self.home) for c in ",:\\"):
-            raise ValueError(f"the netns provider cannot use a home with , : or \\ in it: {self.home}")
-
-    @property
-    def state_file(self) -> Path:
-        return self.home / "netns-provider.json"
-
-    @property
-    def nodes_dir(self) -> Path:
-        return self.home / "nodes"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.home / "run"
-
-    @property
-    def volumes(self) -> VolumeStore:
-        return VolumeStore(self.home / "volumes")
-
-    @property
-    def lock_file(self) -> Path:
-        return self.ns_dir.parent / "netns-alloc.lock"
 
 
 @contextlib.contextmanager
@@ -178,7 +124,7 @@ class NetnsNodeProvider(NodeProvider):
     async def _report_missing(self, state: ProviderState) -> None:
         # The start-up reconciliation: say what vanished, change nothing.
         for rec in state.nodes.values():
-            missing = await asyncio.to_thread(machine.missing_parts, rec.layout)
+            missing = await self._missing(rec)
             if missing:
                 log.warning(
                     "netns node %s (%s) is missing its %s; reported missing until created again",
@@ -230,12 +176,13 @@ class NetnsNodeProvider(NodeProvider):
 
     # -- making nodes ---------------------------------------------------------
 
-    def _boot_spec(self, rec: NodeRecord, net: ClusterNetwork, shared: Path | None) -> NodeBoot:
+    def _boot_spec(
+        self, rec: NodeRecord, net: ClusterNetwork, shared: Path | None, daemons: tuple[Daemon, ...]
+    ) -> NodeBoot:
         host = self._hosts.get(rec.host) if rec.host else None
         return NodeBoot(
             layout=rec.layout,
             hostname=rec.hostname,
-            cluster_id=rec.cluster_id,
             network_index=net.index,
             address=rec.address,
             run_dir=self._cfg.run_dir,
@@ -244,6 +191,7 @@ class NetnsNodeProvider(NodeProvider):
             node_info=rec.node_info(),
             masks=(self._cfg.home,),
             shares=self._cfg.shares,
+            daemons=daemons,
         )
 
     async def _volume_dir(self, volume_id: str | None) -> Path | None:
@@ -257,24 +205,30 @@ class NetnsNodeProvider(NodeProvider):
             raise ProviderError(f"volume {volume_id} has no data directory yet ({data})")
         return data
 
-    async def _boot(self, state: ProviderState, rec: NodeRecord) -> None:
-        net = await self._network(state, rec.cluster_id)
-        up = not await asyncio.to_thread(machine.missing_parts, rec.layout)
-        if not (up and network.link_exists(net.bridge)):
-            shared = await self._volume_dir(rec.volume_id)
-            await network.ensure_bridge(rec.cluster_id, net.index)
-            await machine.boot(self._boot_spec(rec, net, shared), bridge=net.bridge)
-        if rec.kind == "gpu":
-            await self._start_agent(rec)
-
-    async def _start_agent(self, rec: NodeRecord) -> None:
-        if not self._cfg.spawn_agent:
-            return
+    def _boot_daemons(self, rec: NodeRecord) -> tuple[Daemon, ...]:
+        """What a node starts at boot: the node agent, on GPU nodes."""
+        if rec.kind != "gpu" or not self._cfg.spawn_agent:
+            return ()
         if not _agent_available():
             log.info("gpuclusters.agent is not installed; node %s runs without agent", rec.name)
-            return
+            return ()
         env = {"GPUCLUSTERS_AGENT_NODE_FILE": NODE_FILE, "GPUCLUSTERS_AGENT_SOCKET": AGENT_SOCKET}
-        await self._shell(rec).spawn(AGENT, [sys.executable, "-m", "gpuclusters.agent"], env=env)
+        return (Daemon(AGENT, (sys.executable, "-m", "gpuclusters.agent"), env),)
+
+    async def _boot(self, state: ProviderState, rec: NodeRecord) -> None:
+        net = await self._network(state, rec.cluster_id)
+        daemons = self._boot_daemons(rec)
+        missing = await self._missing(rec)
+        if missing:
+            shared = await self._volume_dir(rec.volume_id)
+            if "cluster bridge" in missing:
+                await network.ensure_bridge(rec.cluster_id, net.index)
+            spec = self._boot_spec(rec, net, shared, daemons)
+            if await machine.boot(spec, bridge=net.bridge):
+                return  # the boot helper started the daemons itself
+        # Up already: only make sure its daemons run (spawn is idempotent).
+        for d in daemons:
+            await self._shell(rec).spawn(d.name, d.argv, env=d.env)
 
     async def _make(self, state: ProviderState, rec: NodeRecord, *, fresh: bool) -> None:
         """Boot a node; a fresh one that fails is removed again entirely."""
@@ -291,11 +245,13 @@ class NetnsNodeProvider(NodeProvider):
     def _shell(self, rec: NodeRecord) -> NamespaceShell:
         return NamespaceShell(rec.layout, hostname=rec.hostname, address=rec.address)
 
+    async def _missing(self, rec: NodeRecord) -> list[str]:
+        """What of the node is not there; empty when it is up."""
+        bridge = layout.bridge_name(rec.cluster_id)
+        return await asyncio.to_thread(machine.missing_parts, rec.layout, bridge=bridge)
+
     async def _instance(self, rec: NodeRecord) -> Instance:
-        missing = await asyncio.to_thread(machine.missing_parts, rec.layout)
-        net = self._state.networks.get(rec.cluster_id) if self._state else None
-        if net is None or not network.link_exists(net.bridge):
-            missing.append("cluster bridge")
+        missing = await self._missing(rec)
         if missing:
             return Instance(
                 node_id=rec.node_id,
@@ -305,24 +261,17 @@ class NetnsNodeProvider(NodeProvider):
             )
         return Instance(node_id=rec.node_id, host=rec.host or "", state=InstanceState.RUNNING)
 
-    def _record(self, state: ProviderState, node_id: str, **fields: str | None) -> NodeRecord:
-        """A new, validated record (not yet stored, no address yet)."""
-        with _errors(f"node {node_id}"):
-            layout.check_id(node_id, "node id")
-            layout.check_id(str(fields["cluster_id"]), "cluster id")
-            layout.check_hostname(str(fields["hostname"]))
-        clash = state.prefix_clash(node_id)
+    def _validated(self, state: ProviderState, rec: NodeRecord) -> NodeRecord:
+        with _errors(f"node {rec.name}"):
+            layout.check_id(rec.node_id, "node id")
+            layout.check_id(rec.cluster_id, "cluster id")
+            layout.check_hostname(rec.hostname)
+        clash = state.prefix_clash(rec.node_id)
         if clash is not None:
             raise PermanentProviderError(
-                f"node id {node_id} shares its interface names with node {clash.node_id}"
+                f"node id {rec.node_id} shares its interface names with node {clash.node_id}"
             )
-        return NodeRecord(
-            node_id=node_id,
-            address="",
-            ns_dir=str(self._cfg.ns_dir),
-            nodes_dir=str(self._cfg.nodes_dir),
-            **fields,  # type: ignore[arg-type]
-        )
+        return rec
 
     async def _place(self, state: ProviderState, rec: NodeRecord) -> None:
         """Give a new record its address and persist it (before any namespace
@@ -360,9 +309,8 @@ class NetnsNodeProvider(NodeProvider):
             taken = state.node_on_host(spec.host)
             if taken is not None:
                 raise PermanentProviderError(f"host {spec.host} already runs node {taken.name}")
-            rec = self._record(
-                state,
-                spec.node_id,
+            rec = NodeRecord(
+                node_id=spec.node_id,
                 kind="gpu",
                 name=spec.name,
                 hostname=spec.name,
@@ -372,8 +320,12 @@ class NetnsNodeProvider(NodeProvider):
                 gpu_type=spec.gpu_type,
                 compute_class=spec.compute_class,
                 volume_id=spec.volume_id,
+                labels=dict(spec.labels),
+                address="",
+                ns_dir=str(self._cfg.ns_dir),
+                nodes_dir=str(self._cfg.nodes_dir),
             )
-            rec.labels = dict(spec.labels)
+            self._validated(state, rec)
             await self._volume_dir(spec.volume_id)  # fail before allocating anything
             with _errors(f"placing node {spec.name}"):
                 await self._place(state, rec)
@@ -401,14 +353,15 @@ class NetnsNodeProvider(NodeProvider):
                 await self._forget(state, [node_id], rec.cluster_id)
 
     async def _delete_unrecorded(self, node_id: str) -> None:
-        # Everything a node has is named after its id, so remains of a node
-        # whose record was lost (a restored state file) can still be found.
+        # Everything a node has is named after its id, so the remains of a
+        # node whose record was lost (a restored state file) can be found.
+        # Only if its directory is in our home, though: another server on
+        # this machine may own namespaces of that name.
         try:
             lay = NodeLayout(node_id, self._cfg.ns_dir, self._cfg.nodes_dir)
         except LayoutError:
             return
-        paths = (lay.netns_path, lay.mnt_file, lay.dir)
-        if any(await asyncio.to_thread(lambda: [p.exists() for p in paths])):
+        if await asyncio.to_thread(lay.dir.exists):
             with _errors(f"deleting remains of node {node_id}"):
                 await machine.destroy(lay)
 
@@ -466,9 +419,8 @@ class NetnsNodeProvider(NodeProvider):
                 await self._make(state, rec, fresh=False)
                 return self._shell(rec)
             hostname = f"{cluster_name}-{role}"
-            rec = self._record(
-                state,
-                uuid.uuid4().hex,
+            rec = NodeRecord(
+                node_id=uuid.uuid4().hex,
                 kind="service",
                 name=hostname,
                 hostname=hostname,
@@ -476,7 +428,11 @@ class NetnsNodeProvider(NodeProvider):
                 cluster_name=cluster_name,
                 role=role,
                 volume_id=volume_id,
+                address="",
+                ns_dir=str(self._cfg.ns_dir),
+                nodes_dir=str(self._cfg.nodes_dir),
             )
+            self._validated(state, rec)
             await self._volume_dir(volume_id)
             with _errors(f"placing service node {hostname}"):
                 await self._place(state, rec)

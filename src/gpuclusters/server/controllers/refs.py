@@ -11,7 +11,9 @@ from gpuclusters.providers.base import NodeSpec
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, ProjectMember, User
 
 
-def cluster_ref(cluster: Cluster, users: tuple[UnixUser, ...] = ()) -> ClusterRef:
+def cluster_ref(
+    cluster: Cluster, users: tuple[UnixUser, ...] = (), nodes: tuple[NodeRef, ...] = ()
+) -> ClusterRef:
     return ClusterRef(
         cluster_id=cluster.id,
         name=cluster.name,
@@ -22,6 +24,7 @@ def cluster_ref(cluster: Cluster, users: tuple[UnixUser, ...] = ()) -> ClusterRe
         slurm_prolog=cluster.slurm_prolog,
         slurm_epilog=cluster.slurm_epilog,
         users=users,
+        nodes=nodes,
     )
 
 
@@ -47,7 +50,20 @@ async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUs
 
 
 async def load_cluster_ref(session: AsyncSession, cluster: Cluster) -> ClusterRef:
-    return cluster_ref(cluster, await cluster_users(session, cluster))
+    rows = (
+        await session.execute(
+            select(Node, Host)
+            .outerjoin(Host, Host.id == Node.host_id)
+            .where(
+                Node.cluster_id == cluster.id,
+                Node.deleted_at.is_(None),
+                Node.phase.in_(("bootstrapping", "running")),
+            )
+            .order_by(Node.name)
+        )
+    ).all()
+    nodes = tuple(node_ref(n, h) for n, h in rows)
+    return cluster_ref(cluster, await cluster_users(session, cluster), nodes)
 
 
 def node_ref(node: Node, host: Host | None) -> NodeRef:

@@ -35,6 +35,7 @@ from gpuclusters.core.errors import (
     NotFoundError,
     ValidationError,
 )
+from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
@@ -174,6 +175,8 @@ async def _create_once(
     body: api.ClusterCreate,
 ) -> api.Cluster:
     region = body.region or rt.settings.region
+    if body.slurm is not None:
+        validate_extra_slurm_conf(body.slurm.extra_config)
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.ADMIN
     )
@@ -289,6 +292,7 @@ def _set_slurm(cluster: Cluster, settings: api.SlurmSettings) -> None:
     """Store new Slurm settings; the cluster reconciler applies them live."""
     if cluster.cluster_type != ClusterType.SLURM.value:
         raise ValidationError("slurm: only Slurm clusters have Slurm settings", field="slurm")
+    validate_extra_slurm_conf(settings.extra_config)
     new = (settings.extra_config, settings.prolog, settings.epilog)
     if new == (cluster.slurm_extra_config, cluster.slurm_prolog, cluster.slurm_epilog):
         return

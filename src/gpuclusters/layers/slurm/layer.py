@@ -1,0 +1,144 @@
+"""The Slurm layer: Slurm (and its accounting) over a cluster's nodes.
+
+Per cluster: a *controller* service node (munged, MariaDB, slurmdbd,
+slurmctld in configless mode), a *login* service node (munged and a copy of
+slurm.conf, where users land with ``gpuclusters clusters ssh``), and every
+GPU node running ``slurmd -Z`` (dynamic registration) with ``gpu:8`` GRES on
+its own device nodes. ``/home`` is the shared volume's ``home`` directory on
+every node, and every project member has an account (same uid everywhere),
+so jobs run as the user and files keep their owner.
+
+The munge key is the cluster's own (32 random bytes), generated once and kept
+on the controller; every other node gets it from there, so two clusters never
+accept each other's credentials.
+
+The steps themselves live in ``stack``; this module only decides which
+shells they run on, from the ``ClusterRef`` the control plane passes in.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+from gpuclusters.core.errors import InvalidStateError
+from gpuclusters.core.nodeshell import NodeAccess, NodeShell
+from gpuclusters.layers.accounts import ensure_accounts
+from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
+from gpuclusters.layers.slurm import config as cfg
+from gpuclusters.layers.slurm import stack
+from gpuclusters.layers.slurm.status import active_jobs_on
+
+CONTROLLER = "controller"
+LOGIN = "login"
+MUNGE_KEY_BYTES = 32
+
+
+class SlurmLayer(ClusterLayer):
+    def __init__(self, access: NodeAccess) -> None:
+        self.access = access
+
+    # -- shells and shared pieces ---------------------------------------------
+
+    async def _service(self, cluster: ClusterRef, role: str) -> NodeShell:
+        return await self.access.ensure_service_node(
+            cluster_id=cluster.cluster_id,
+            cluster_name=cluster.name,
+            role=role,
+            volume_id=cluster.volume_id,
+        )
+
+    async def _munge_key(self, controller: NodeShell) -> bytes:
+        key = await controller.read_file(cfg.SlurmPaths().munge_key)
+        if key is not None and len(key) >= MUNGE_KEY_BYTES:
+            return key
+        return secrets.token_bytes(MUNGE_KEY_BYTES)
+
+    def _spec(self, cluster: ClusterRef, controller: NodeShell) -> cfg.SlurmSpec:
+        return cfg.SlurmSpec(
+            cluster_name=cfg.slurm_cluster_name(cluster.name),
+            controller_host=controller.hostname,
+            controller_addr=controller.address,
+            prolog_script=cluster.slurm_prolog or None,
+            epilog_script=cluster.slurm_epilog or None,
+            extra_slurm_conf=cluster.slurm_extra_config,
+        )
+
+    async def _prepare(self, shell: NodeShell, cluster: ClusterRef) -> None:
+        """/home on the shared volume, and the members' accounts."""
+        if cluster.volume_id:
+            mounted = await shell.run(["mountpoint", "-q", "/home"], check=False)
+            if mounted.returncode != 0:
+                await shell.run(["install", "-d", "-m", "0755", "/mnt/shared/home"])
+                await shell.run(["mount", "--bind", "/mnt/shared/home", "/home"])
+        await ensure_accounts(shell, cluster.users)
+
+    # -- contract -------------------------------------------------------------
+
+    async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
+        controller = await self._service(cluster, CONTROLLER)
+        spec = self._spec(cluster, controller)
+        key = await self._munge_key(controller)
+        await self._prepare(controller, cluster)
+        await stack.start_controller(controller, spec, munge_key=key)
+        login = await self._service(cluster, LOGIN)
+        await self._prepare(login, cluster)
+        await stack.start_login(login, spec, munge_key=key)
+        return True
+
+    async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        controller = await self._service(cluster, CONTROLLER)
+        spec = self._spec(cluster, controller)
+        key = await self._munge_key(controller)
+        shell = await self.access.shell(node.node_id)
+        await self._prepare(shell, cluster)
+        await stack.join_compute(
+            controller, shell, spec, munge_key=key, features=[node.compute_class]
+        )
+        return True
+
+    async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
+        controller = await self._service(cluster, CONTROLLER)
+        await stack.cordon(controller, node.name, reason=reason)
+
+    async def drain(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        """Cordon, requeue the jobs still running there (they restart on other
+        nodes; JobRequeue=1), and answer whether the node is empty."""
+        controller = await self._service(cluster, CONTROLLER)
+        if await stack.drain(controller, node.name, reason=reason):
+            return True
+        for job in active_jobs_on(await stack.list_jobs(controller), node.name):
+            await controller.run(["scontrol", "requeue", str(job.job_id)], check=False)
+        return await stack.drain(controller, node.name, reason=reason)
+
+    async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        controller = await self._service(cluster, CONTROLLER)
+        return await stack.is_cordoned_by_user(controller, node.name)
+
+    async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
+        controller = await self._service(cluster, CONTROLLER)
+        try:
+            shell: NodeShell | None = await self.access.shell(node.node_id)
+        except Exception:  # the node is already gone: only slurmctld needs telling
+            shell = None
+        await stack.remove(controller, node.name, node=shell)
+
+    async def delete(self, cluster: ClusterRef) -> None:
+        # Compute nodes are released before the cluster is deleted; the service
+        # nodes go with every process in them.
+        await self.access.delete_service_nodes(cluster_id=cluster.cluster_id)
+
+    async def apply_config(self, cluster: ClusterRef) -> None:
+        controller = await self._service(cluster, CONTROLLER)
+        login = await self._service(cluster, LOGIN)
+        computes = [await self.access.shell(n.node_id) for n in cluster.nodes]
+        await stack.apply_config(
+            controller, self._spec(cluster, controller), logins=[login], computes=computes
+        )
+
+    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
+        raise InvalidStateError(
+            f"cluster {cluster.name}: Kubernetes credentials arrive with the Kubernetes layer"
+        )

@@ -1,0 +1,385 @@
+"""Bringing a Slurm cluster up and down through ``NodeShell``; the steps, not the policy.
+
+Each function is one idempotent step the Slurm layer (and its reconciler) can
+repeat after a crash: files are written only when they differ
+(``write_file`` answers whether it changed anything), daemons are spawned by
+name (a running one is left alone, or restarted when a file it reads only at
+start changed), and every wait polls a real readiness signal with a short
+backoff (``munge -n``, ``SELECT 1``, ``sacctmgr list cluster``,
+``scontrol ping``, the node in ``sinfo --json`` with a fresh
+``slurmd_start_time``); there are no fixed sleeps.
+
+Order on the controller: munged -> mariadbd (first start: ``mariadb-install-db``;
+then the ``slurm`` DB user) -> slurmdbd -> ``sacctmgr add cluster`` ->
+slurmctld. slurmctld must find its cluster in slurmdbd before it starts, or
+it registers under a cluster the database does not know.
+
+Drain reasons we set start with ``gpuclusters:``; a drain set by anyone else
+is never overwritten or cleared here (it is how users pick nodes for a
+targeted scale-down).
+
+Errors: a command that fails raises ``NodeCommandError`` (from the shell); a
+wait that runs out raises ``LayerError`` (transient: the caller retries the
+step later); Slurm refusing a node delete because jobs still run is a
+``LayerError`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
+
+from gpuclusters.core.nodeshell import CommandResult, NodeShell
+from gpuclusters.layers.base import LayerError
+from gpuclusters.layers.slurm import config as cfg
+from gpuclusters.layers.slurm.status import (
+    AccountedJob,
+    SlurmJob,
+    SlurmNode,
+    active_jobs_on,
+    parse_sacct_json,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+REASON_PREFIX = "gpuclusters:"
+
+
+# --- waiting --------------------------------------------------------------------------------
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    what: str,
+    timeout_s: float,
+    first_delay_s: float = 0.02,
+    max_delay_s: float = 0.5,
+) -> T:
+    """Call ``probe`` until it returns something other than None; backoff x1.5."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay = first_delay_s
+    while True:
+        result = await probe()
+        if result is not None:
+            return result
+        left = deadline - loop.time()
+        if left <= 0:
+            raise LayerError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(min(delay, left))
+        delay = min(delay * 1.5, max_delay_s)
+
+
+async def _ok(shell: NodeShell, argv: Sequence[str], timeout_s: float = 10.0) -> bool | None:
+    """True when the command exits 0, None otherwise (a probe for ``wait_for``)."""
+    result = await shell.run(argv, check=False, timeout_s=timeout_s)
+    return True if result.returncode == 0 else None
+
+
+# --- shared pieces ----------------------------------------------------------------------------
+
+
+async def _ensure_dirs(shell: NodeShell, dirs: Iterable[cfg.Directory]) -> None:
+    for d in dirs:
+        await shell.run(cfg.mkdir_argv(d))
+
+
+async def _respawn_if(shell: NodeShell, name: str, argv: Sequence[str], changed: bool) -> None:
+    """Spawn ``name``; restart it first when a file it reads only at start changed."""
+    if changed and await shell.is_running(name):
+        log.info("%s: restarting %s (its configuration changed)", shell.hostname, name)
+        await shell.stop(name)
+    await shell.spawn(name, argv)
+
+
+async def ensure_munge(
+    shell: NodeShell, spec: cfg.SlurmSpec, *, munge_key: bytes, timeout_s: float = 10.0
+) -> None:
+    """The cluster's munge key and a running munged that answers on its socket."""
+    if len(munge_key) < 32:
+        raise ValueError("a munge key needs at least 32 bytes")
+    await _ensure_dirs(shell, cfg.munge_directories(spec))
+    changed = await shell.write_file(spec.paths.munge_key, munge_key, mode=0o400, owner="munge")
+    await _respawn_if(shell, cfg.MUNGED, cfg.munged_argv(spec), changed)
+    await wait_for(
+        lambda: _ok(shell, ["munge", "-n", f"--socket={spec.paths.munge_socket}"]),
+        what=f"munged on {shell.hostname}",
+        timeout_s=timeout_s,
+    )
+
+
+async def _write_text(
+    shell: NodeShell, path: str, text: str, *, mode: int = 0o644, owner: str | None = None
+) -> bool:
+    return await shell.write_file(path, text.encode(), mode=mode, owner=owner)
+
+
+async def _write_slurm_files(shell: NodeShell, spec: cfg.SlurmSpec, *, controller: bool) -> bool:
+    """slurm.conf everywhere we write it; gres.conf and cgroup.conf on the controller
+    only (configless mode serves them to slurmd). True when any file changed."""
+    p = spec.paths
+    changed = await _write_text(shell, p.slurm_conf, cfg.render_slurm_conf(spec))
+    if controller:
+        changed |= await _write_text(shell, p.gres_conf, cfg.render_gres_conf(spec))
+        changed |= await _write_text(shell, p.cgroup_conf, cfg.render_cgroup_conf(spec))
+    return changed
+
+
+async def _write_scripts(shell: NodeShell, spec: cfg.SlurmSpec) -> bool:
+    changed = False
+    for path, text in cfg.scripts(spec).items():
+        changed |= await _write_text(shell, path, text, mode=0o755)
+    return changed
+
+
+# --- controller -----------------------------------------------------------------------------
+
+
+async def ping(shell: NodeShell) -> bool:
+    """Whether slurmctld answers (from any node with a config and munge)."""
+    result = await shell.run(["scontrol", "ping"], check=False, timeout_s=10.0)
+    return result.returncode == 0 and " is UP" in result.stdout
+
+
+async def wait_controller(shell: NodeShell, *, timeout_s: float = 30.0) -> None:
+    async def probe() -> bool | None:
+        return True if await ping(shell) else None
+
+    await wait_for(probe, what=f"slurmctld seen from {shell.hostname}", timeout_s=timeout_s)
+
+
+async def _start_accounting(shell: NodeShell, spec: cfg.SlurmSpec, *, timeout_s: float) -> None:
+    p = spec.paths
+    initialised = await shell.run(["test", "-d", f"{p.mysql_datadir}/mysql"], check=False)
+    if initialised.returncode != 0:
+        await shell.run(cfg.mariadb_install_argv(spec), timeout_s=120.0)
+    await shell.spawn(cfg.MARIADBD, cfg.mariadbd_argv(spec))
+    await wait_for(
+        lambda: _ok(shell, cfg.mariadb_sql_argv(spec, "SELECT 1")),
+        what="mariadbd",
+        timeout_s=timeout_s,
+    )
+    await shell.run(cfg.mariadb_sql_argv(spec, cfg.MARIADB_BOOTSTRAP_SQL))
+    dbd_changed = await _write_text(
+        shell, p.slurmdbd_conf, cfg.render_slurmdbd_conf(spec), mode=0o600, owner="slurm"
+    )
+    await _respawn_if(shell, cfg.SLURMDBD, cfg.slurmdbd_argv(spec), dbd_changed)
+    list_clusters = ["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"]
+
+    async def clusters() -> list[str] | None:
+        r = await shell.run(list_clusters, check=False, timeout_s=15.0)
+        return r.stdout.split() if r.returncode == 0 else None
+
+    known = await wait_for(clusters, what="slurmdbd", timeout_s=timeout_s)
+    if spec.cluster_name not in known:
+        await shell.run(["sacctmgr", "-i", "add", "cluster", spec.cluster_name])
+
+
+async def start_controller(
+    shell: NodeShell, spec: cfg.SlurmSpec, *, munge_key: bytes, timeout_s: float = 60.0
+) -> None:
+    """munged, accounting (MariaDB + slurmdbd) and slurmctld on the controller node;
+    returns once slurmctld answers ``scontrol ping``. A running controller whose
+    files changed is reconfigured in place."""
+    await _ensure_dirs(shell, cfg.controller_directories(spec))
+    await ensure_munge(shell, spec, munge_key=munge_key)
+    changed = await _write_slurm_files(shell, spec, controller=True)
+    if spec.accounting:
+        await _start_accounting(shell, spec, timeout_s=timeout_s)
+    was_running = await shell.is_running(cfg.SLURMCTLD)
+    await shell.spawn(cfg.SLURMCTLD, cfg.slurmctld_argv(spec))
+    await wait_controller(shell, timeout_s=timeout_s)
+    if was_running and changed:
+        await reconfigure(shell)
+
+
+async def stop_controller(shell: NodeShell) -> None:
+    """Stop every daemon of the controller (state stays on the node); idempotent."""
+    for name in (cfg.SLURMCTLD, cfg.SLURMDBD, cfg.MARIADBD, cfg.MUNGED):
+        await shell.stop(name, timeout_s=30.0)
+
+
+async def reconfigure(shell: NodeShell) -> None:
+    """``scontrol reconfigure``: slurmctld rereads its files and pushes them to slurmd."""
+    await shell.run(["scontrol", "reconfigure"], timeout_s=30.0)
+
+
+async def apply_config(
+    controller: NodeShell,
+    spec: cfg.SlurmSpec,
+    *,
+    logins: Sequence[NodeShell] = (),
+    computes: Sequence[NodeShell] = (),
+) -> bool:
+    """A saved Slurm configuration, live: files on the controller and login nodes,
+    prolog/epilog on every compute node, then one reconfigure. True if anything
+    changed. Settings Slurm reads only at daemon start (ports, plugin types) are
+    ours and never change here."""
+    changed = False
+    for shell in computes:
+        changed |= await _write_scripts(shell, spec)
+    for shell in logins:
+        changed |= await _write_slurm_files(shell, spec, controller=False)
+    changed |= await _write_slurm_files(controller, spec, controller=True)
+    if changed:
+        await reconfigure(controller)
+    return changed
+
+
+# --- login and compute ------------------------------------------------------------------------
+
+
+async def start_login(
+    shell: NodeShell, spec: cfg.SlurmSpec, *, munge_key: bytes, timeout_s: float = 30.0
+) -> None:
+    """A login node: munged and a local slurm.conf (22.05 clients need one). Returns
+    once slurmctld answers from this node, which proves key, config and network."""
+    await ensure_munge(shell, spec, munge_key=munge_key)
+    await _write_slurm_files(shell, spec, controller=False)
+    await wait_controller(shell, timeout_s=timeout_s)
+
+
+async def _node_clock(shell: NodeShell) -> int:
+    return int((await shell.run(["date", "+%s"])).stdout.strip())
+
+
+async def join_compute(
+    controller: NodeShell,
+    node: NodeShell,
+    spec: cfg.SlurmSpec,
+    *,
+    munge_key: bytes,
+    features: Iterable[str] = (),
+    timeout_s: float = 30.0,
+) -> SlurmNode:
+    """munged, prolog/epilog and ``slurmd -Z`` on a GPU node; returns the node once
+    slurmctld lists it as responding with the slurmd we started (or found running).
+
+    A slurmd that runs but is unknown to slurmctld (the node was deleted with
+    ``scontrol delete``; a dynamic slurmd registers only at start) is restarted."""
+    name = node.hostname
+    await _ensure_dirs(node, cfg.compute_directories(spec))
+    await ensure_munge(node, spec, munge_key=munge_key)
+    await _write_scripts(node, spec)
+    argv = cfg.slurmd_argv(spec, node_name=name, features=features)
+    not_before = 0
+    if await node.is_running(cfg.SLURMD):
+        current = await get_node(controller, name)
+        if current is None or not current.responding:
+            await node.stop(cfg.SLURMD)
+    if not await node.is_running(cfg.SLURMD):
+        not_before = await _node_clock(node)
+        await node.spawn(cfg.SLURMD, argv)
+
+    async def registered() -> SlurmNode | None:
+        n = await get_node(controller, name)
+        if n is None or not n.responding or n.slurmd_start_time < not_before:
+            return None
+        return n
+
+    return await wait_for(registered, what=f"slurmd on {name} to register", timeout_s=timeout_s)
+
+
+# --- queries ----------------------------------------------------------------------------------
+
+
+async def list_nodes(shell: NodeShell) -> list[SlurmNode]:
+    return parse_sinfo_json((await shell.run(["sinfo", "--json"], timeout_s=30.0)).stdout)
+
+
+async def get_node(shell: NodeShell, name: str) -> SlurmNode | None:
+    # sinfo --json ignores -n in 22.05: filter here.
+    return next((n for n in await list_nodes(shell) if n.name == name), None)
+
+
+async def list_jobs(shell: NodeShell) -> list[SlurmJob]:
+    return parse_squeue_json((await shell.run(["squeue", "--json"], timeout_s=30.0)).stdout)
+
+
+async def accounted_jobs(shell: NodeShell, job_ids: Iterable[int] = ()) -> list[AccountedJob]:
+    argv = ["sacct", "--json", "--allusers"]
+    ids = ",".join(str(i) for i in job_ids)
+    if ids:
+        argv += ["-j", ids]
+    return parse_sacct_json((await shell.run(argv, timeout_s=30.0)).stdout)
+
+
+# --- cordon, drain, remove --------------------------------------------------------------------
+
+
+def _check_reason(reason: str) -> str:
+    text = f"{REASON_PREFIX} {reason}".strip()
+    if "\n" in text or len(text) > 200:
+        raise ValueError("a drain reason is one line of at most 200 characters")
+    return text
+
+
+async def _scontrol_update(shell: NodeShell, name: str, *args: str) -> CommandResult:
+    return await shell.run(
+        ["scontrol", "update", f"nodename={name}", *args], check=False, timeout_s=30.0
+    )
+
+
+async def cordon(shell: NodeShell, name: str, *, reason: str) -> bool:
+    """Drain ``name`` (no new jobs; running ones continue). A node already drained
+    keeps the reason it has. False if Slurm does not know the node."""
+    node = await get_node(shell, name)
+    if node is None:
+        return False
+    if not node.drain:
+        r = await _scontrol_update(shell, name, "state=drain", f"reason={_check_reason(reason)}")
+        if r.returncode != 0:
+            if "Invalid node name" in r.stderr:
+                return False
+            raise LayerError(f"scontrol drain {name}: {r.stderr.strip()}")
+    return True
+
+
+async def drain(shell: NodeShell, name: str, *, reason: str) -> bool:
+    """Cordon, then answer whether the node is empty (no active job on it). Never
+    blocks: the caller asks again until True or its deadline."""
+    if not await cordon(shell, name, reason=reason):
+        return True
+    jobs = active_jobs_on(await list_jobs(shell), name)
+    node = await get_node(shell, name)
+    return not jobs and (node is None or not node.busy)
+
+
+async def is_cordoned_by_user(shell: NodeShell, name: str) -> bool:
+    """Drained by a user or admin (reason not ours): picked first at scale-down."""
+    node = await get_node(shell, name)
+    return node is not None and node.drain and not node.reason.startswith(REASON_PREFIX)
+
+
+async def uncordon(shell: NodeShell, name: str) -> bool:
+    """Resume a node *we* drained; a user's drain is left alone. True if resumed."""
+    node = await get_node(shell, name)
+    if node is None or not node.drain or not node.reason.startswith(REASON_PREFIX):
+        return False
+    r = await _scontrol_update(shell, name, "state=resume")
+    if r.returncode != 0:
+        raise LayerError(f"scontrol resume {name}: {r.stderr.strip()}")
+    return True
+
+
+async def remove(controller: NodeShell, name: str, *, node: NodeShell | None = None) -> None:
+    """Stop slurmd (when the node is still reachable) and delete the dynamic node
+    from slurmctld. A node Slurm does not know is not an error; one with jobs is
+    refused by Slurm ("Requested nodes are busy") and raises ``LayerError``:
+    drain first."""
+    if node is not None:
+        await node.stop(cfg.SLURMD, timeout_s=30.0)
+    r = await controller.run(["scontrol", "delete", f"nodename={name}"], check=False)
+    if r.returncode == 0:
+        return
+    err = (r.stderr or r.stdout).strip()
+    if "Invalid node name" in err:
+        return
+    raise LayerError(f"scontrol delete {name}: {err}")

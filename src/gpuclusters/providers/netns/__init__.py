@@ -1,0 +1,1 @@
+"""The ``netns`` provider: the embedded fleet, nodes made of namespaces."""

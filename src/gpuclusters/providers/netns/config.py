@@ -1,0 +1,71 @@
+"""Settings of the netns provider, and the paths derived from its home.
+
+Under ``$GPUCLUSTERS_HOME``: ``netns-provider.json`` (state), ``nodes/<id>/``
+(per-node disks and overlay layers), ``run/`` (bound into every node at
+``/run/gpuclusters``; the control plane's agent socket lives there) and
+``volumes/`` (the shared volumes). Namespaces are pinned in ``ns_dir``
+(``/run/gpuclusters/ns``), which is host-wide, like ``/run/netns``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gpuclusters
+from gpuclusters.linux.layout import DEFAULT_NS_DIR
+from gpuclusters.providers.base import HostSpec
+from gpuclusters.providers.volumes import VolumeStore
+
+
+def runtime_paths() -> tuple[Path, ...]:
+    """Host paths a node must see at the same place to run this Python and
+    this package (the node agent does): the base interpreter, the virtual
+    environment and the directory the package is imported from."""
+    candidates = {
+        Path(sys.base_prefix).resolve(),
+        Path(sys.prefix).resolve(),
+        Path(gpuclusters.__file__).resolve().parent.parent,
+    }
+    ordered = sorted(candidates, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in ordered:
+        if not any(p.is_relative_to(k) for k in kept):
+            kept.append(p)
+    return tuple(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class NetnsProviderConfig:
+    fleet: list[HostSpec]
+    home: Path
+    ns_dir: Path = DEFAULT_NS_DIR
+    spawn_agent: bool = True
+    shares: tuple[Path, ...] = field(default_factory=runtime_paths)
+
+    def __post_init__(self) -> None:
+        # overlayfs options are comma separated and lowerdir lists are colon
+        # separated: such paths cannot be layers.
+        if any(c in str(self.home) for c in ",:\\"):
+            raise ValueError(f"netns provider: a home with , : or \\ cannot work: {self.home}")
+
+    @property
+    def state_file(self) -> Path:
+        return self.home / "netns-provider.json"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.home / "nodes"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def volumes(self) -> VolumeStore:
+        return VolumeStore(self.home / "volumes")
+
+    @property
+    def lock_file(self) -> Path:
+        return self.ns_dir.parent / "netns-alloc.lock"

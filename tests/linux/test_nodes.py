@@ -1,0 +1,249 @@
+"""Namespace nodes seen from inside: identity, filesystem, network, daemons.
+
+Two clusters: A (nodes a1, a2, with a shared volume) and B (node b1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from nodetools import (
+    Fleet,
+    host_exists,
+    host_read,
+    host_run,
+    parent_pid,
+    proc_state,
+    reach,
+    start_echo,
+)
+
+from gpuclusters.core.nodeshell import NodeCommandError, NodeShell
+from gpuclusters.providers.base import InstanceState, PermanentProviderError
+from gpuclusters.providers.netns.provider import NetnsNodeProvider
+
+
+@dataclass
+class TwoClusters:
+    provider: NetnsNodeProvider
+    a1: NodeShell
+    a2: NodeShell
+    b1: NodeShell
+    volume_dir: Path
+    a1_id: str
+
+
+@pytest.fixture
+async def two(fleet: Fleet) -> TwoClusters:
+    p = fleet.provider()
+    volume = await fleet.volumes.ensure("vol" + os.urandom(4).hex(), size_tib=1)
+    a, b = fleet.cluster(), fleet.cluster()
+    vid = volume.name
+    sa1 = fleet.spec(a, "a-node-1", "h100-a-01", volume_id=vid, cluster_name="ca")
+    sa2 = fleet.spec(a, "a-node-2", "h100-a-02", volume_id=vid, cluster_name="ca")
+    sb1 = fleet.spec(b, "b-node-1", "h100-b-01", cluster_name="cb")
+    for spec in (sa1, sa2, sb1):
+        inst = await p.create(spec)
+        assert inst.state is InstanceState.RUNNING, inst
+    return TwoClusters(
+        p,
+        await p.shell(sa1.node_id),
+        await p.shell(sa2.node_id),
+        await p.shell(sb1.node_id),
+        volume / "data",
+        sa1.node_id,
+    )
+
+
+async def out(shell: NodeShell, *argv: str) -> str:
+    return (await shell.run(list(argv))).stdout.strip()
+
+
+async def test_identity_addresses_and_node_file(two: TwoClusters) -> None:
+    assert await out(two.a1, "hostname") == "a-node-1"
+    assert await out(two.b1, "hostname") == "b-node-1"
+    assert two.a1.address.endswith(".10") and two.a2.address.endswith(".11")
+    assert two.a1.address.rsplit(".", 1)[0] == two.a2.address.rsplit(".", 1)[0]
+    assert two.a1.address.rsplit(".", 1)[0] != two.b1.address.rsplit(".", 1)[0]
+    addr = await out(two.a1, "ip", "-4", "-o", "addr", "show", "eth0")
+    assert f"inet {two.a1.address}/24" in addr
+    route = await out(two.a1, "ip", "route", "show", "default")
+    assert route.startswith("default via " + two.a1.address.rsplit(".", 1)[0] + ".1")
+    info = json.loads(await out(two.a1, "cat", "/etc/gpuclusters/node.json"))
+    assert info["name"] == "a-node-1" and info["host"] == "h100-a-01"
+    assert info["address"] == two.a1.address and info["gpu_type"] == "H100_SXM"
+    assert set(info) >= {"node_id", "cluster_id", "cluster_name", "compute_class"}
+
+
+async def test_gpu_devices_and_private_dev(two: TwoClusters) -> None:
+    names = [f"/dev/nvidia{i}" for i in range(8)] + ["/dev/nvidiactl"]
+    kinds = (await out(two.a1, "stat", "-c", "%F %t:%T", *names)).splitlines()
+    assert kinds == [f"character special file c3:{i:x}" for i in range(8)] + [
+        "character special file c3:ff"
+    ]
+    # /dev is the node's own: no host disks, its own ptys.
+    assert (await two.a1.run(["test", "-e", "/dev/vda"], check=False)).returncode != 0
+    assert await out(two.a1, "readlink", "/dev/ptmx") == "pts/ptmx"
+    assert await out(two.a1, "sh", "-c", "echo ok > /dev/null && head -c3 /dev/zero | wc -c") == "3"
+
+
+async def test_scratch_and_shared_volume(two: TwoClusters) -> None:
+    await two.a1.run(["sh", "-c", "echo local > /scratch/mine"])
+    assert await out(two.a1, "stat", "-c", "%a", "/scratch", "/tmp") == "1777\n1777"
+    assert (await two.a2.run(["test", "-e", "/scratch/mine"], check=False)).returncode != 0
+    await two.a1.run(["sh", "-c", "echo from-a1 > /mnt/shared/hello"])
+    assert await out(two.a2, "cat", "/mnt/shared/hello") == "from-a1"
+    assert (two.volume_dir / "hello").read_text() == "from-a1\n"
+    # Cluster B has no volume: nothing at /mnt/shared.
+    assert (await two.b1.run(["test", "-e", "/mnt/shared/hello"], check=False)).returncode != 0
+
+
+async def test_etc_is_private_to_each_node(two: TwoClusters) -> None:
+    marker = "/etc/gpc-test-" + os.urandom(4).hex()
+    assert await two.a1.write_file(marker, b"node a1\n") is True
+    assert await two.a1.write_file(marker, b"node a1\n") is False  # unchanged
+    assert await two.a1.write_file(marker, b"node a1\n", mode=0o600) is True  # mode differs
+    assert await two.a1.read_file(marker) == b"node a1\n"
+    assert not host_exists(marker)
+    assert await two.a2.read_file(marker) is None
+    # A host file is visible read-through, and writing it stays in the node.
+    hostname_on_host = host_read("/etc/hostname")
+    assert await out(two.a1, "cat", "/etc/hostname") == "a-node-1"
+    assert host_read("/etc/hostname") == hostname_on_host
+    await two.a1.run(["sh", "-c", "echo x >> /var/gpc-test-var"])
+    assert not host_exists("/var/gpc-test-var")
+    # Host paths outside the node's own ones are read-only.
+    r = await two.a1.run(["touch", "/usr/gpc-test"], check=False)
+    assert r.returncode != 0 and not host_exists("/usr/gpc-test")
+
+
+async def test_tcp_within_cluster_but_not_across(two: TwoClusters) -> None:
+    await start_echo(two.a2)
+    await start_echo(two.b1)
+    assert await reach(two.a1, two.a2.address) == "a-node-2"
+    assert await reach(two.a1, two.b1.address) is None
+    assert await reach(two.b1, two.a2.address) is None
+    assert await reach(two.b1, two.b1.address) == "b-node-1"
+
+
+async def test_ping_within_cluster_but_not_across(two: TwoClusters) -> None:
+    if (await two.a1.run(["sh", "-c", "command -v ping"], check=False)).returncode != 0:
+        pytest.skip("ping is not installed (apt package iputils-ping)")
+    ok = await two.a1.run(["ping", "-c1", "-W1", two.a2.address], check=False)
+    assert ok.returncode == 0, ok
+    bad = await two.a1.run(["ping", "-c1", "-W1", two.b1.address], check=False)
+    assert bad.returncode != 0
+
+
+async def test_daemons_spawn_stop_and_logs(two: TwoClusters) -> None:
+    sh = two.a1
+    assert await sh.is_running("sleeper") is False
+    await sh.spawn(
+        "sleeper",
+        ["sh", "-c", 'echo "started as $GREETING"; exec sleep 600'],
+        env={"GREETING": "hi"},
+    )
+    assert await sh.is_running("sleeper") is True
+    pid = int((await sh.read_file("/run/gpuclusters-daemons/sleeper.pid") or b"").split()[0])
+    await sh.spawn("sleeper", ["sleep", "1"])  # already running: nothing happens
+    assert (
+        int((await sh.read_file("/run/gpuclusters-daemons/sleeper.pid") or b"").split()[0]) == pid
+    )
+    # Detached: its own session, not a descendant of this process.
+    assert parent_pid(pid) != os.getpid() and os.getsid(pid) == pid
+    assert await two.a2.is_running("sleeper") is False  # another node's daemon
+    log = await sh.read_file("/var/log/gpuclusters/sleeper.log")
+    assert log is not None and b"started as hi" in log
+    await sh.stop("sleeper", timeout_s=5)
+    assert await sh.is_running("sleeper") is False
+    assert proc_state(pid) in (None, "Z")
+    await sh.stop("sleeper")  # stopping a stopped daemon is fine
+    with pytest.raises(NodeCommandError, match="no-such-program"):
+        await sh.spawn("broken", ["no-such-program-gpc"])
+    assert await sh.is_running("broken") is False
+
+
+async def test_run_as_user_and_errors(two: TwoClusters) -> None:
+    sh = two.a1
+    await sh.run(["useradd", "-m", "-s", "/bin/sh", "gpcalice"])
+    assert await out(sh, "id", "-un") == "root"
+    r = await sh.run(["sh", "-c", "id -un; echo $HOME; pwd"], user="gpcalice")
+    assert r.stdout.split() == ["gpcalice", "/home/gpcalice", "/"]
+    with pytest.raises(KeyError):
+        pwd.getpwnam("gpcalice")  # the host never heard of her
+    assert (await two.a2.run(["id", "gpcalice"], check=False)).returncode != 0
+    assert await sh.write_file("/home/gpcalice/note", b"hi", owner="gpcalice", mode=0o600)
+    assert await out(sh, "stat", "-c", "%U %a", "/home/gpcalice/note") == "gpcalice 600"
+    assert (await sh.run(["cat"], stdin=b"piped")).stdout == "piped"
+    with pytest.raises(NodeCommandError) as err:
+        await sh.run(["sh", "-c", "echo oops >&2; exit 3"])
+    assert err.value.result.returncode == 3 and "oops" in str(err.value)
+    slow = await sh.run(["sleep", "5"], timeout_s=0.3, check=False)
+    assert slow.returncode == 124
+    env = await out(sh, "env")
+    assert "GPUCLUSTERS" not in env and "PATH=" in env
+
+
+async def test_exec_argv_runs_non_interactively(two: TwoClusters) -> None:
+    argv = two.b1.exec_argv(["sh", "-c", "hostname; id -un"])
+    done = host_run(argv)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["b-node-1", "root"]
+    await two.b1.run(["useradd", "gpcbob"])
+    argv = two.b1.exec_argv(["id", "-un"], user="gpcbob")
+    done = host_run(argv)
+    assert done.stdout.strip() == "gpcbob", done.stderr
+
+
+async def test_create_is_idempotent_and_checks_requests(fleet: Fleet) -> None:
+    p = fleet.provider()
+    c = fleet.cluster()
+    spec = fleet.spec(c, "idem-1", "h100-a-01")
+    first = await p.create(spec)
+    again = await p.create(spec)
+    assert first == again and again.state is InstanceState.RUNNING
+    assert [i.node_id for i in await p.list_instances()] == [spec.node_id]
+    with pytest.raises(PermanentProviderError, match="already runs"):
+        await p.create(fleet.spec(c, "idem-2", "h100-a-01"))
+    with pytest.raises(PermanentProviderError, match="unknown host"):
+        await p.create(fleet.spec(c, "idem-3", "nowhere"))
+    with pytest.raises(PermanentProviderError, match="hostname"):
+        await p.create(fleet.spec(c, "bad name!", "h100-a-02"))
+    assert [i.node_id for i in await p.list_instances()] == [spec.node_id]
+    assert (await p.status("0" * 32)).state is InstanceState.MISSING
+
+
+@pytest.fixture
+def var_home(fleet: Fleet) -> Iterator[Fleet]:
+    """The fleet, but with its home under /var/tmp: inside the /var overlay's
+    lower layer, as a home in /var/lib would be."""
+    home = Path(tempfile.mkdtemp(prefix="gpc-test-home-", dir="/var/tmp"))
+    original = fleet.home
+    fleet.home = home
+    try:
+        yield fleet
+    finally:
+        fleet.home = original
+        # The fleet fixture's cleanup runs after this one: give it this home.
+        fleet.extra_homes.append(home)
+
+
+async def test_control_plane_home_is_hidden_from_nodes(var_home: Fleet) -> None:
+    p = var_home.provider()
+    volume = await var_home.volumes.ensure("hid" + os.urandom(3).hex(), size_tib=1)
+    spec = var_home.spec(var_home.cluster(), "hidden-1", "h100-a-01", volume_id=volume.name)
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    home = str(var_home.home)
+    assert (await out(sh, "ls", "-A", home)) == ""  # masked: empty, read-only
+    assert (await sh.run(["touch", f"{home}/x"], check=False)).returncode != 0
+    await sh.run(["sh", "-c", "echo v > /mnt/shared/v; echo s > /scratch/s"])
+    assert (volume / "data" / "v").read_text() == "v\n"
+    assert await out(sh, "ls", "/run/gpuclusters") == ""
