@@ -78,7 +78,10 @@ def wait_for(
 class ServerHandle:
     """One server process on a fixed home and port (across restarts)."""
 
-    def __init__(self, home: Path, log_path: Path, *, boot_delay_s: float) -> None:
+    def __init__(
+        self, home: Path, log_path: Path, *, boot_delay_s: float, provider: str = "fake"
+    ) -> None:
+        self.provider = provider
         self.home = home
         self.log_path = log_path
         self.port = free_port()
@@ -96,7 +99,7 @@ class ServerHandle:
 
     @property
     def command(self) -> list[str]:
-        return [*console_script(), "server", "--provider", "fake", "--port", str(self.port)]
+        return [*console_script(), "server", "--provider", self.provider, "--port", str(self.port)]
 
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "server already running"
@@ -248,10 +251,14 @@ class Servers:
         self.root = root
         self.handles: list[ServerHandle] = []
 
-    def __call__(self, *, boot_delay_s: float = 0.2, start: bool = True) -> ServerHandle:
+    def __call__(
+        self, *, boot_delay_s: float = 0.2, start: bool = True, provider: str = "fake"
+    ) -> ServerHandle:
         n = len(self.handles)
         home = self.root / f"home{n}"
-        handle = ServerHandle(home, self.root / f"server{n}.log", boot_delay_s=boot_delay_s)
+        handle = ServerHandle(
+            home, self.root / f"server{n}.log", boot_delay_s=boot_delay_s, provider=provider
+        )
         self.handles.append(handle)
         if start:
             handle.start()
@@ -263,6 +270,8 @@ class Servers:
                 h.stop(timeout=10)
             if h.proc is not None and h.proc.poll() is None:  # pragma: no cover
                 h.kill9()
+            if h.provider == "netns":
+                cleanup_netns(h.home)
 
 
 @pytest.fixture
@@ -283,3 +292,31 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
         yield servers(boot_delay_s=0.2)
     finally:
         servers.close()
+
+
+def cleanup_netns(home: Path) -> None:
+    """Safety net for tests on the netns provider: remove every node and
+    service node the provider recorded under ``home``, whatever state the
+    server was left in (namespaces outlive the server by design)."""
+    import asyncio
+
+    from gpuclusters.providers.registry import ProviderOptions, make_provider
+
+    state_file = home / "netns-provider.json"
+    if not state_file.exists():
+        return
+    data = json.loads(state_file.read_text())
+    nodes = data.get("nodes", {})
+
+    async def run() -> None:
+        provider = make_provider("netns", ProviderOptions(home=home))
+        access: Any = provider
+        for node_id, rec in nodes.items():
+            if rec.get("kind") == "gpu":
+                await provider.delete(node_id)
+        for cluster_id in {rec.get("cluster_id") for rec in nodes.values()}:
+            if cluster_id:
+                await access.delete_service_nodes(cluster_id=cluster_id)
+        await provider.close()
+
+    asyncio.run(run())

@@ -31,6 +31,9 @@ class UnixUser:
 
     name: str
     uid: int
+    # Project admins administer the cluster's orchestrator too (Slurm
+    # AdminLevel=Admin: drain nodes, manage any job).
+    admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,6 +202,11 @@ def boot(spec: dict[str, Any]) -> None:
     for ov in spec["overlays"]:
         opts = f"lowerdir={ov['lower']},upperdir={ov['upper']},workdir={ov['work']}"
         mount("overlay", at(ov["target"]), "overlay", 0, opts)
+    for eb in spec.get("etc_binds", []):
+        target = at(eb["target"])
+        if not os.path.exists(target):
+            open(target, "a").close()  # a bind mount needs something to cover
+        bind(eb["source"], target, readonly=True)
     mount("tmpfs", at("/run"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
     for sub, mode in (("gpuclusters", 0o755), ("gpuclusters-daemons", 0o755), ("lock", 0o1777)):
         os.mkdir(at("/run/" + sub))

@@ -71,6 +71,12 @@ class NodeBoot:
     masks: tuple[Path, ...] = ()
     shares: tuple[Path, ...] = ()
     daemons: tuple[Daemon, ...] = ()
+    # Per-cluster files bound read-only over the node's /etc/hosts and
+    # /etc/resolv.conf: one name table for the whole cluster network, kept
+    # current by the provider; and no DNS server, so lookups fail at once
+    # instead of timing out (Slurm resolves peers on every RPC).
+    hosts_file: Path | None = None
+    resolv_file: Path | None = None
 
 
 def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
@@ -161,6 +167,11 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
         "shares": [str(p) for p in b.shares],
         "daemons": [
             {"name": d.name, "argv": list(d.argv), "env": {**NODE_ENV, **d.env}} for d in b.daemons
+        ],
+        "etc_binds": [
+            {"source": str(src), "target": target}
+            for src, target in ((b.hosts_file, "/etc/hosts"), (b.resolv_file, "/etc/resolv.conf"))
+            if src is not None
         ],
     }
 

@@ -30,7 +30,10 @@ class VolumeStore:
 
     def _ensure(self, volume_id: str, size_tib: int) -> Path:
         p = self.path(volume_id)
-        (p / "data").mkdir(parents=True, exist_ok=True)
+        data = p / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        # Like /tmp: every member can create files, nobody can remove another's.
+        data.chmod(0o1777)
         (p / "volume.json").write_text(json.dumps({"id": volume_id, "size_tib": size_tib}))
         return p
 

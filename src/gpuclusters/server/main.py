@@ -61,13 +61,20 @@ def run(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    config = uvicorn.Config(
+        create_app(settings, announce=announce),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=30,
+    )
+    server = uvicorn.Server(config)
     try:
-        uvicorn.run(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            log_level="info",
-            timeout_graceful_shutdown=30,
-        )
+        tcp = config.bind_socket()
+    except SystemExit:
+        sys.exit(f"error [unavailable]: cannot listen on {settings.host}:{settings.port}")
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        server.run(sockets=[tcp, agent_socket(settings.home)])
     except FleetFileError as exc:
         sys.exit(f"error [invalid_input]: {exc}")

@@ -10,7 +10,7 @@ so jobs run as the user and files keep their owner.
 
 The munge key is the cluster's own (32 random bytes), generated once and kept
 on the controller; every other node gets it from there, so two clusters never
-accept each other's credentials.
+accept each other's credentials (the end-to-end test checks exactly that).
 
 The steps themselves live in ``stack``; this module only decides which
 shells they run on, from the ``ClusterRef`` the control plane passes in.
@@ -32,6 +32,7 @@ from gpuclusters.layers.slurm.status import active_jobs_on
 CONTROLLER = "controller"
 LOGIN = "login"
 MUNGE_KEY_BYTES = 32
+CLUSTER_MUNGE_KEY = "/etc/gpuclusters/slurm/munge.key"
 
 
 class SlurmLayer(ClusterLayer):
@@ -48,11 +49,21 @@ class SlurmLayer(ClusterLayer):
             volume_id=cluster.volume_id,
         )
 
-    async def _munge_key(self, controller: NodeShell) -> bytes:
-        key = await controller.read_file(cfg.SlurmPaths().munge_key)
+    async def _munge_key(self, controller: NodeShell, *, create: bool) -> bytes | None:
+        """The cluster's own key, made once (by the control-plane step only,
+        so two steps running at once can never make two different keys) and
+        kept on the controller at a path of ours. Never /etc/munge/munge.key
+        as found: a node's /etc sits over the host's, where the munge package
+        leaves its default key, and reading that would give every cluster the
+        same key."""
+        key = await controller.read_file(CLUSTER_MUNGE_KEY)
         if key is not None and len(key) >= MUNGE_KEY_BYTES:
             return key
-        return secrets.token_bytes(MUNGE_KEY_BYTES)
+        if not create:
+            return None
+        key = secrets.token_bytes(MUNGE_KEY_BYTES)
+        await controller.write_file(CLUSTER_MUNGE_KEY, key, mode=0o400)
+        return key
 
     def _spec(self, cluster: ClusterRef, controller: NodeShell) -> cfg.SlurmSpec:
         return cfg.SlurmSpec(
@@ -78,9 +89,11 @@ class SlurmLayer(ClusterLayer):
     async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
         controller = await self._service(cluster, CONTROLLER)
         spec = self._spec(cluster, controller)
-        key = await self._munge_key(controller)
+        key = await self._munge_key(controller, create=True)
+        assert key is not None
         await self._prepare(controller, cluster)
         await stack.start_controller(controller, spec, munge_key=key)
+        await stack.ensure_admins(controller, [u.name for u in cluster.users if u.admin])
         login = await self._service(cluster, LOGIN)
         await self._prepare(login, cluster)
         await stack.start_login(login, spec, munge_key=key)
@@ -89,7 +102,9 @@ class SlurmLayer(ClusterLayer):
     async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
         controller = await self._service(cluster, CONTROLLER)
         spec = self._spec(cluster, controller)
-        key = await self._munge_key(controller)
+        key = await self._munge_key(controller, create=False)
+        if key is None or not await stack.ping(controller):
+            return False  # the control plane is still coming up; asked again later
         shell = await self.access.shell(node.node_id)
         await self._prepare(shell, cluster)
         await stack.join_compute(

@@ -383,3 +383,26 @@ async def remove(controller: NodeShell, name: str, *, node: NodeShell | None = N
     if "Invalid node name" in err:
         return
     raise LayerError(f"scontrol delete {name}: {err}")
+
+
+async def ensure_admins(controller: NodeShell, names: Iterable[str]) -> list[str]:
+    """Give these users AdminLevel=Admin in the cluster's accounting (so they
+    may drain nodes, e.g. to pick them for a targeted scale-down); returns
+    the names changed. Needs accounting (slurmdbd) up."""
+    changed = []
+    for name in names:
+        r = await controller.run(
+            ["sacctmgr", "-n", "-P", "show", "user", name, "format=adminlevel"], check=False
+        )
+        if r.stdout.strip() == "Administrator":
+            continue
+        if not r.stdout.strip():
+            await controller.run(
+                ["sacctmgr", "-i", "add", "user", name, "account=root", "adminlevel=Admin"]
+            )
+        else:
+            await controller.run(
+                ["sacctmgr", "-i", "modify", "user", name, "set", "adminlevel=Admin"]
+            )
+        changed.append(name)
+    return changed

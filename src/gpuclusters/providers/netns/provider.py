@@ -35,6 +35,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import shutil
 import sys
 import uuid
 from collections.abc import Iterator
@@ -160,6 +161,32 @@ class NetnsNodeProvider(NodeProvider):
         async with self._state_lock:
             state.nodes[rec.node_id] = rec
             await self._save(state)
+            await self._write_names(state, rec.cluster_id)
+
+    def _names_dir(self, cluster_id: str) -> Path:
+        return self._cfg.home / "networks" / cluster_id
+
+    async def _write_names(self, state: ProviderState, cluster_id: str) -> None:
+        """The cluster network's /etc/hosts (every node and service node) and
+        an empty resolv.conf. Rewritten in place, never replaced: nodes see
+        the files through bind mounts, which follow the inode."""
+        members = sorted(state.members(cluster_id), key=lambda r: r.hostname)
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines += [f"{r.address}\t{r.hostname}" for r in members]
+        hosts = "\n".join(lines) + "\n"
+        resolv = "# the cluster network has no DNS: names come from /etc/hosts\n"
+
+        def write() -> None:
+            d = self._names_dir(cluster_id)
+            d.mkdir(parents=True, exist_ok=True)
+            for name, text in (("hosts", hosts), ("resolv.conf", resolv)):
+                path = d / name
+                if not path.exists() or path.read_text() != text:
+                    with open(path, "w") as f:  # truncate in place: same inode
+                        f.write(text)
+
+        with _errors(f"writing the names of cluster {cluster_id}"):
+            await asyncio.to_thread(write)
 
     async def _forget(self, state: ProviderState, node_ids: list[str], cluster_id: str) -> None:
         """Drop records, and the cluster's network with its last node."""
@@ -170,9 +197,12 @@ class NetnsNodeProvider(NodeProvider):
             if last:
                 state.networks.pop(cluster_id, None)
             await self._save(state)
+            if not last:
+                await self._write_names(state, cluster_id)
         if last:
             # The lock object stays: a task may be waiting on it right now.
             await network.delete_bridge(cluster_id)
+            await asyncio.to_thread(shutil.rmtree, self._names_dir(cluster_id), True)
 
     # -- making nodes ---------------------------------------------------------
 
@@ -192,6 +222,8 @@ class NetnsNodeProvider(NodeProvider):
             masks=(self._cfg.home,),
             shares=self._cfg.shares,
             daemons=daemons,
+            hosts_file=self._names_dir(rec.cluster_id) / "hosts",
+            resolv_file=self._names_dir(rec.cluster_id) / "resolv.conf",
         )
 
     async def _volume_dir(self, volume_id: str | None) -> Path | None:

@@ -30,23 +30,32 @@ def cluster_ref(
 
 async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUser, ...]:
     """Accounts the cluster's nodes must have: every member of its project,
-    and the organization's admins (they may act in every project)."""
+    and the organization's admins (they may act in every project). Project
+    admins and organization admins administer the orchestrator too."""
     project = await session.get_one(Project, cluster.project_id)
+    roles = dict(
+        (
+            await session.execute(
+                select(ProjectMember.user_id, ProjectMember.role).where(
+                    ProjectMember.project_id == project.id
+                )
+            )
+        ).all()
+    )
     rows = await session.scalars(
         select(User)
         .where(
             User.organization_id == project.organization_id,
             User.uid.is_not(None),
-            or_(
-                User.is_admin.is_(True),
-                User.id.in_(
-                    select(ProjectMember.user_id).where(ProjectMember.project_id == project.id)
-                ),
-            ),
+            or_(User.is_admin.is_(True), User.id.in_(list(roles))),
         )
         .order_by(User.uid)
     )
-    return tuple(UnixUser(name=u.name, uid=u.uid) for u in rows if u.uid is not None)
+    return tuple(
+        UnixUser(name=u.name, uid=u.uid, admin=u.is_admin or roles.get(u.id) == "admin")
+        for u in rows
+        if u.uid is not None
+    )
 
 
 async def load_cluster_ref(session: AsyncSession, cluster: Cluster) -> ClusterRef:
