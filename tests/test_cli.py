@@ -424,3 +424,37 @@ def test_cli_import_does_not_load_the_server() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ssh_execs_the_command_line_the_server_gives(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = {"cluster": "train", "node": "train-login", "user": "alice", "argv": ["true", "x"]}
+    api.on("POST", "/v1/projects/default/clusters/train/ssh", ok(target))
+    execs: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr("os.execvp", lambda f, argv: execs.append((f, list(argv))))
+    result = run("clusters", "ssh", "train", "--node", "n1", "--", "sinfo", "-N")
+    assert result.exit_code == 0, result.output
+    assert execs == [("true", ["true", "x"])]
+    sent = api.requests[-1]
+    assert sent.url.params["node"] == "n1"
+    assert json.loads(sent.content) == {"command": ["sinfo", "-N"]}
+
+
+def test_configure_sends_files_and_keeps_other_settings(api: FakeApi, tmp_path: Path) -> None:
+    current = cluster_json("ready")
+    current["slurm"] = {"extra_config": "KillWait=60", "prolog": None, "epilog": "#!/bin/sh\n"}
+    api.on("GET", "/v1/projects/default/clusters/train", ok(current))
+    api.on("PATCH", "/v1/projects/default/clusters/train", ok(current))
+    prolog = tmp_path / "prolog.sh"
+    prolog.write_text("#!/bin/bash\nexit 0\n")
+    result = run("clusters", "configure", "train", "--prolog", str(prolog))
+    assert result.exit_code == 0, result.output
+    body = json.loads(api.requests[-1].content)
+    assert body == {
+        "slurm": {
+            "extra_config": "KillWait=60",
+            "prolog": "#!/bin/bash\nexit 0\n",
+            "epilog": "#!/bin/sh\n",
+        }
+    }

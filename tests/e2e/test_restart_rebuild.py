@@ -42,8 +42,11 @@ def test_lost_instances_are_rebuilt_after_restart(server_factory: Servers) -> No
     with server.client() as api:
 
         def rebuilt() -> bool:
-            return len(server.instances()) == 2 and (
-                api.get(f"{P}/clusters/demo").json()["status"] == "ready"
+            c = api.get(f"{P}/clusters/demo").json()
+            return (
+                len(server.instances()) == 2
+                and c["status"] == "ready"
+                and {n["phase"] for n in c["nodes"]} == {"running"}
             )
 
         server.wait_for("node rebuilt", rebuilt, timeout=30)

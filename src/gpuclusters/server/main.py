@@ -76,5 +76,11 @@ def run(
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         server.run(sockets=[tcp, agent_socket(settings.home)])
+    except KeyboardInterrupt:
+        # uvicorn re-raises the Ctrl-C it caught once shutdown is complete;
+        # a clean stop exits 0 (as `uvicorn.run` does).
+        pass
     except FleetFileError as exc:
         sys.exit(f"error [invalid_input]: {exc}")
+    if not server.started:
+        sys.exit("error [unavailable]: the server did not start; see the log above")

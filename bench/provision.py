@@ -1,0 +1,753 @@
+"""Slurm clusters on the embedded fleet: create-to-Ready time against its floor.
+
+For 1-, 2- and 4-node Slurm clusters (``--sizes``), ``--repeat`` times each,
+one cluster at a time (the default netns fleet has 4 hosts):
+
+* **control plane**: the real server (``gpuclusters server --provider netns``,
+  subprocess, fresh home under /tmp, default reconcile interval). POST a
+  cluster, poll GET every ``--poll-ms`` until ``ready``; report POST -> ready,
+  the cluster's ``phase_history`` and node ``ready_at`` (offsets from the
+  POST) and the start times of the daemons in its namespaces (read from
+  /proc). Then DELETE and poll until 404.
+* **floor**: no server. The netns provider and the Slurm stack in this
+  process: the controller service node and N GPU nodes (``create`` /
+  ``ensure_service_node``), then ``stack.start_controller`` and
+  ``stack.join_compute`` for every node at once (``asyncio.gather``), timed
+  from the first namespace to every node registered (idle). Every command
+  the stack runs goes through a recording shell, which splits the daemons'
+  time into steps (mariadb-install-db, slurmdbd, sacctmgr, slurmctld,
+  slurmd registration).
+
+Prints one table (min / median over the repeats) and the breakdowns. Needs
+root and Debian's Slurm, munge and MariaDB (scripts/setup). Everything made
+is deleted at the end, also on error, and the bench checks that none of its
+namespaces is left (other servers' namespaces are never touched).
+
+    .venv/bin/python bench/provision.py
+    .venv/bin/python bench/provision.py --sizes 2 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from gpuclusters.core.nodeshell import CommandResult, NodeShell
+from gpuclusters.layers.slurm import config as cfg
+from gpuclusters.layers.slurm import stack
+from gpuclusters.linux.layout import NETNS_DIR
+from gpuclusters.providers.base import NodeSpec
+from gpuclusters.providers.netns.provider import NetnsNodeProvider
+from gpuclusters.providers.registry import ProviderOptions, make_provider
+
+T = TypeVar("T")
+PROJECT = "/v1/projects/default"
+DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fresh_home(tag: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"gpuc-prov-{tag}-", dir="/tmp"))
+
+
+def med(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def fmt(xs: Sequence[float]) -> str:
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.2f} s"
+    return f"{min(xs):.2f} / {med(xs):.2f} s"
+
+
+# --- namespaces of ours, and what runs in them ---------------------------------------------
+
+
+def netns_name(node_id: str) -> str:
+    return f"gpc-{node_id[:12]}"
+
+
+def netns_left(node_ids: set[str]) -> list[str]:
+    """Those of our nodes whose netns still exists (per ``ip netns list``)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    present = {line.split()[0] for line in out.splitlines() if line.strip()}
+    return sorted(netns_name(i) for i in node_ids if netns_name(i) in present)
+
+
+def _boot_wall() -> float:
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def daemon_starts(node_ids: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """{node label: {daemon: wall-clock start}} for the Slurm daemons running in
+    each node's netns, from /proc (start time has 1/CLK_TCK resolution)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    boot = _boot_wall()
+    inodes: dict[tuple[int, int], str] = {}
+    for label, node_id in node_ids.items():
+        with contextlib.suppress(OSError):
+            st = os.stat(NETNS_DIR / netns_name(node_id))
+            inodes[(st.st_dev, st.st_ino)] = label
+    found: dict[str, dict[str, float]] = {label: {} for label in node_ids}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry.name}/ns/net")
+            label = inodes.get((st.st_dev, st.st_ino))
+            if label is None:
+                continue
+            raw = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        if comm.startswith("python"):
+            with contextlib.suppress(OSError):
+                if b"gpuclusters.agent" in Path(f"/proc/{entry.name}/cmdline").read_bytes():
+                    comm = "agent"
+        if comm in DAEMONS or comm == "agent":
+            start = boot + int(raw[raw.rindex(")") + 2 :].split()[19]) / tick
+            prev = found[label].get(comm)
+            found[label][comm] = start if prev is None else min(prev, start)
+    return found
+
+
+def set_quickack(netns: str) -> None:
+    """``quickack 1`` on every unicast IPv4 route of one of *our* nodes' netns
+    (what the provider would do at boot if suggestion 1 of docs/benchmarks.md
+    were taken): no delayed ACKs, so Slurm's write-write-read RPCs stop
+    waiting 40 ms each for one."""
+    out = subprocess.run(
+        ["ip", "-n", netns, "-4", "route", "show", "table", "all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        words = line.split()
+        if not words or words[0] in ("broadcast", "multicast") or "quickack" in words:
+            continue
+        subprocess.run(["ip", "-n", netns, "route", "replace", *words, "quickack", "1"], check=True)
+
+
+# --- a NodeShell that records what the stack does -------------------------------------------
+
+
+@dataclass(slots=True)
+class Call:
+    host: str
+    kind: str  # run, spawn, stop, status, write, read
+    what: tuple[str, ...]
+    start: float
+    end: float
+    ok: bool
+
+
+@dataclass(slots=True)
+class Recorder:
+    calls: list[Call] = field(default_factory=list)
+
+    async def timed(
+        self, host: str, kind: str, what: Sequence[str], coro: Awaitable[T], ok: Callable[[T], bool]
+    ) -> T:
+        t = time.perf_counter()
+        try:
+            result = await coro
+        except BaseException:
+            self.calls.append(Call(host, kind, tuple(what), t, time.perf_counter(), False))
+            raise
+        self.calls.append(Call(host, kind, tuple(what), t, time.perf_counter(), ok(result)))
+        return result
+
+
+class RecordingShell:
+    """Forwards to a real NodeShell and records every call with its duration."""
+
+    def __init__(self, inner: NodeShell, rec: Recorder) -> None:
+        self._inner = inner
+        self._rec = rec
+
+    @property
+    def hostname(self) -> str:
+        return self._inner.hostname
+
+    @property
+    def address(self) -> str:
+        return self._inner.address
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout_s: float = 60.0,
+        check: bool = True,
+    ) -> CommandResult:
+        def ok(r: CommandResult) -> bool:
+            if list(argv) == ["scontrol", "ping"]:
+                return r.returncode == 0 and " is UP" in r.stdout
+            return r.returncode == 0
+
+        coro = self._inner.run(
+            argv, user=user, env=env, stdin=stdin, timeout_s=timeout_s, check=check
+        )
+        return await self._rec.timed(self.hostname, "run", argv, coro, ok)
+
+    async def spawn(
+        self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> None:
+        coro = self._inner.spawn(name, argv, env=env)
+        await self._rec.timed(self.hostname, "spawn", [name], coro, lambda _: True)
+
+    async def stop(self, name: str, *, timeout_s: float = 10.0) -> None:
+        coro = self._inner.stop(name, timeout_s=timeout_s)
+        await self._rec.timed(self.hostname, "stop", [name], coro, lambda _: True)
+
+    async def is_running(self, name: str) -> bool:
+        coro = self._inner.is_running(name)
+        return await self._rec.timed(self.hostname, "status", [name], coro, lambda _: True)
+
+    async def write_file(
+        self, path: str, data: bytes, *, mode: int = 0o644, owner: str | None = None
+    ) -> bool:
+        coro = self._inner.write_file(path, data, mode=mode, owner=owner)
+        return await self._rec.timed(self.hostname, "write", [path], coro, lambda _: True)
+
+    async def read_file(self, path: str) -> bytes | None:
+        coro = self._inner.read_file(path)
+        return await self._rec.timed(self.hostname, "read", [path], coro, lambda _: True)
+
+    def exec_argv(self, argv: Sequence[str], *, user: str | None = None) -> list[str]:
+        return self._inner.exec_argv(argv, user=user)
+
+
+def _as_shell(s: RecordingShell) -> NodeShell:
+    return s  # mypy checks RecordingShell against the NodeShell protocol here
+
+
+# --- floor ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FloorRun:
+    nodes: int
+    quickack: bool
+    total: float  # first namespace -> every node registered
+    namespaces: float  # making the controller + N nodes
+    daemons: float  # start_controller + joins
+    steps: list[tuple[str, float]]  # daemon steps, consecutive, in order
+    calls: int  # node commands and helper runs the stack made
+    probe_slack: float  # summed sleep before each wait's successful probe
+    per_call: dict[str, float] = field(default_factory=dict)
+    trace: list[str] = field(default_factory=list)
+
+
+def _trace(calls: list[Call], t0: float) -> list[str]:
+    return [
+        f"+{c.start - t0:6.3f} {c.end - c.start:6.3f}s {c.host:<16} {c.kind:<6}"
+        f" {'ok ' if c.ok else 'NO '} {' '.join(c.what)[:90]}"
+        for c in sorted(calls, key=lambda c: c.start)
+    ]
+
+
+def _first(
+    calls: list[Call], host: str, pred: Callable[[Call], bool], *, ok: bool = True
+) -> Call | None:
+    return next((c for c in calls if c.host == host and pred(c) and (c.ok or not ok)), None)
+
+
+def _is(kind: str, *prefix: str) -> Callable[[Call], bool]:
+    return lambda c: c.kind == kind and c.what[: len(prefix)] == prefix
+
+
+def _has(text: str) -> Callable[[Call], bool]:
+    return lambda c: c.kind == "run" and any(text in a for a in c.what)
+
+
+def _probe_slack(calls: list[Call]) -> float:
+    """For every wait (a run of failing probes, then one that succeeds): the gap
+    between the last failed probe's end and the successful probe's start. The
+    daemon became ready somewhere in that gap plus the probe itself; it is the
+    most a faster poll could win."""
+    slack = 0.0
+    last_fail: dict[tuple[str, tuple[str, ...]], float] = {}
+    for c in sorted(calls, key=lambda c: c.start):
+        if c.kind != "run":
+            continue
+        key = (c.host, c.what)
+        if not c.ok:
+            last_fail[key] = c.end
+        elif key in last_fail:
+            slack += max(0.0, c.start - last_fail.pop(key))
+    return slack
+
+
+def controller_steps(calls: list[Call], host: str, t0: float) -> list[tuple[str, float]]:
+    """Consecutive steps of start_controller, each ending at a milestone call."""
+    milestones = [
+        ("dirs + munged (munge -n ok)", _first(calls, host, _is("run", "munge"))),
+        ("slurm files + mariadb-install-db", _first(calls, host, _is("run", "mariadb-install-db"))),
+        ("mariadbd up (SELECT 1 ok)", _first(calls, host, _has("SELECT 1"))),
+        ("slurm DB user + grants", _first(calls, host, _has("CREATE USER"))),
+        ("slurmdbd up (sacctmgr list ok)", _first(calls, host, _is("run", "sacctmgr", "-n"))),
+        ("sacctmgr add cluster", _first(calls, host, _is("run", "sacctmgr", "-i", "add"))),
+        ("slurmctld up (scontrol ping ok)", _first(calls, host, _is("run", "scontrol", "ping"))),
+    ]
+    out, prev = [], t0
+    for label, call in milestones:
+        if call is None:
+            continue
+        out.append((label, call.end - prev))
+        prev = call.end
+    return out
+
+
+async def _per_call_costs(shell: NodeShell) -> dict[str, float]:
+    """Median cost of the stack's unit operations on an idle node."""
+
+    async def timed(op: Callable[[], Awaitable[object]], n: int = 5) -> float:
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await op()
+            ts.append(time.perf_counter() - t)
+        return med(ts)
+
+    costs = {
+        "run (nsenter true)": await timed(lambda: shell.run(["true"])),
+        "helper op (is_running)": await timed(lambda: shell.is_running(cfg.SLURMD)),
+        "helper op (write_file)": await timed(
+            lambda: shell.write_file("/tmp/gpuc-bench", secrets.token_bytes(8))
+        ),
+        "sinfo --json": await timed(lambda: shell.run(["sinfo", "--json"])),
+        "scontrol ping": await timed(lambda: shell.run(["scontrol", "ping"])),
+        "sacctmgr list cluster": await timed(
+            lambda: shell.run(["sacctmgr", "-n", "-P", "list", "cluster"])
+        ),
+    }
+    # mariadb-install-db as start_controller would run it on a node whose
+    # /var/lib/mysql is empty, into a scratch datadir in the node's own /tmp.
+    spec = cfg.SlurmSpec(cluster_name="x", controller_host="x", controller_addr="10.0.0.1")
+    argv = cfg.mariadb_install_argv(spec)
+    scratch = "/tmp/gpuc-bench-db"
+    argv = [a if not a.startswith("--datadir=") else f"--datadir={scratch}" for a in argv]
+    await shell.run(["install", "-d", "-o", "mysql", "-g", "mysql", scratch])
+    t = time.perf_counter()
+    await shell.run(argv, timeout_s=120.0)
+    costs["mariadb-install-db (empty datadir)"] = time.perf_counter() - t
+    await shell.run(["rm", "-rf", scratch])
+    return costs
+
+
+def _service_ids(home: Path) -> list[str]:
+    nodes = json.loads((home / "netns-provider.json").read_text())["nodes"]
+    return [i for i, rec in nodes.items() if rec.get("kind") == "service"]
+
+
+async def floor_run(n: int, *, measure_calls: bool, quickack: bool = False) -> FloorRun:
+    home = fresh_home("floor")
+    provider = make_provider("netns", ProviderOptions(home=home))
+    assert isinstance(provider, NetnsNodeProvider)
+    cluster_id = uuid.uuid4().hex
+    name = f"fl{n}{secrets.token_hex(2)}"
+    hosts = (await provider.hosts())[:n]
+    if len(hosts) < n:
+        raise SystemExit(f"the netns fleet has {len(hosts)} hosts; {n} nodes asked")
+    node_ids: set[str] = set()
+    rec = Recorder()
+    clean = False
+    try:
+        t0 = time.perf_counter()
+        controller = await provider.ensure_service_node(
+            cluster_id=cluster_id, cluster_name=name, role="controller", volume_id=None
+        )
+
+        async def make(i: int) -> NodeShell:
+            node_id = uuid.uuid4().hex
+            node_ids.add(node_id)
+            spec = NodeSpec(
+                node_id=node_id,
+                name=f"{name}-n{i}",
+                cluster_id=cluster_id,
+                cluster_name=name,
+                host=hosts[i].name,
+                gpu_type=hosts[i].gpu_type,
+                compute_class="standard",
+            )
+            await provider.create(spec)
+            return await provider.shell(node_id)
+
+        computes = await asyncio.gather(*(make(i) for i in range(n)))
+        if quickack:
+            for node_id in [*node_ids, *_service_ids(home)]:
+                set_quickack(netns_name(node_id))
+        t_ns = time.perf_counter()
+
+        ctl = RecordingShell(controller, rec)
+        spec = cfg.SlurmSpec(
+            cluster_name=cfg.slurm_cluster_name(name),
+            controller_host=ctl.hostname,
+            controller_addr=ctl.address,
+        )
+        key = secrets.token_bytes(32)
+        await stack.start_controller(ctl, spec, munge_key=key)
+        t_ctl = time.perf_counter()
+        joined = await asyncio.gather(
+            *(
+                stack.join_compute(
+                    ctl, RecordingShell(s, rec), spec, munge_key=key, features=["standard"]
+                )
+                for s in computes
+            )
+        )
+        t_end = time.perf_counter()
+        states = {j.name: j.state for j in joined}
+        if any(s != "idle" for s in states.values()):
+            print(f"  note: nodes registered but not all idle: {states}", file=sys.stderr)
+
+        steps = controller_steps(rec.calls, ctl.hostname, t_ns)
+        steps.append(("start_controller rest", t_ctl - t_ns - sum(s for _, s in steps)))
+        node_hosts = {s.hostname for s in computes}
+        munge_ok = [
+            c.end for c in rec.calls if c.host in node_hosts and _is("run", "munge")(c) and c.ok
+        ]
+        spawned = [c.end for c in rec.calls if c.host in node_hosts and _is("spawn", "slurmd")(c)]
+        if munge_ok and spawned:
+            steps.append(("nodes: dirs + munged (last node)", max(munge_ok) - t_ctl))
+            steps.append(("nodes: slurmd spawned (last node)", max(spawned) - max(munge_ok)))
+            steps.append(("nodes: slurmd registered in sinfo (all)", t_end - max(spawned)))
+        per_call = await _per_call_costs(controller) if measure_calls else {}
+        run = FloorRun(
+            nodes=n,
+            quickack=quickack,
+            total=t_end - t0,
+            namespaces=t_ns - t0,
+            daemons=t_end - t_ns,
+            steps=steps,
+            calls=len(rec.calls),
+            probe_slack=_probe_slack(rec.calls),
+            per_call=per_call,
+            trace=_trace(rec.calls, t_ns),
+        )
+    finally:
+        for node_id in node_ids:
+            await provider.delete(node_id)
+        await provider.delete_service_nodes(cluster_id=cluster_id)
+        await provider.close()
+        state = home / "netns-provider.json"
+        recorded = json.loads(state.read_text()).get("nodes", {}) if state.exists() else {}
+        left = netns_left(node_ids | set(recorded))
+        if left or recorded:
+            print(f"  LEFT BEHIND by the floor run: {left or list(recorded)} ({home})")
+        else:
+            clean = True
+    if clean:
+        shutil.rmtree(home, ignore_errors=True)
+    return run
+
+
+# --- control plane --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CpRun:
+    nodes: int
+    ready: float  # POST -> status ready (seen by the poll)
+    delete: float  # DELETE -> 404
+    post_latency: float
+    phases: list[tuple[str, float]]  # (phase, offset from POST)
+    node_ready: list[float]  # offsets of each node's ready_at
+    daemons: dict[str, dict[str, float]]  # node label -> daemon -> offset from POST
+    polls: int  # GETs until ready
+    cpu_server: float  # CPU seconds of the server process, POST -> ready
+    cpu_commands: float  # ... and of the commands it ran and waited for
+
+
+class Server:
+    def __init__(self) -> None:
+        self.home = fresh_home("server")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.node_ids: set[str] = set()
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
+        env["GPUCLUSTERS_HOME"] = str(self.home)
+        exe = Path(sys.executable).parent / "gpuclusters"
+        with open(self.home / "server.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(exe), "server", "--provider", "netns", "--port", str(self.port)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def cpu(self) -> tuple[float, float]:
+        """(own, waited-for children's) CPU seconds of the server process."""
+        assert self.proc is not None
+        raw = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        f = raw[raw.rindex(")") + 2 :].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick
+
+    def provider_nodes(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads((self.home / "netns-provider.json").read_text())
+        except FileNotFoundError:
+            return {}
+        nodes: dict[str, dict[str, Any]] = data.get("nodes", {})
+        self.node_ids |= set(nodes)
+        return nodes
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    async def cleanup(self) -> bool:
+        """Delete whatever the provider still records (as tests/e2e's
+        cleanup_netns does); True when none of our namespaces is left."""
+        nodes = self.provider_nodes()
+        if nodes:
+            provider = make_provider("netns", ProviderOptions(home=self.home))
+            access: Any = provider
+            for node_id, rec in nodes.items():
+                if rec.get("kind") == "gpu":
+                    await provider.delete(node_id)
+            for cluster_id in {rec.get("cluster_id") for rec in nodes.values()}:
+                if cluster_id:
+                    await access.delete_service_nodes(cluster_id=cluster_id)
+            await provider.close()
+        left = netns_left(self.node_ids)
+        if left:
+            print(f"  LEFT BEHIND by the server runs: {left} ({self.home})")
+        return not left and not self.provider_nodes()
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+async def wait_healthy(c: httpx.AsyncClient, server: Server) -> None:
+    for _ in range(600):
+        assert server.proc is not None
+        if server.proc.poll() is not None:
+            raise SystemExit(f"server exited; see {server.home / 'server.log'}")
+        with contextlib.suppress(httpx.TransportError):
+            if (await c.get("/healthz")).status_code == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise SystemExit("server did not answer /healthz within 30 s")
+
+
+async def cp_run(c: httpx.AsyncClient, server: Server, n: int, name: str, poll_s: float) -> CpRun:
+    url = f"{PROJECT}/clusters"
+    cpu0 = server.cpu()
+    wall0, t0 = time.time(), time.perf_counter()
+    r = await c.post(url, json={"name": name, "cluster_type": "slurm", "num_gpus": 8 * n})
+    post_latency = time.perf_counter() - t0
+    r.raise_for_status()
+    deadline = t0 + 300
+    polls = 0
+    while True:
+        r = await c.get(f"{url}/{name}")
+        polls += 1
+        r.raise_for_status()
+        body = r.json()
+        if body["status"] == "ready":
+            t_ready = time.perf_counter() - t0
+            cpu1 = server.cpu()
+            break
+        if body["status"] == "failed" or time.perf_counter() > deadline:
+            raise SystemExit(f"cluster {name}: {body['status']}: {body['status_message']}")
+        await asyncio.sleep(poll_s)
+
+    # Where its daemons run: the provider's records of this cluster's nodes.
+    nodes = server.provider_nodes()
+    labels: dict[str, str] = {}
+    for node_id, rec in nodes.items():
+        if rec.get("cluster_name") != name:
+            continue
+        role = rec.get("role") or "gpu"
+        label = role if role != "gpu" else f"gpu:{rec.get('hostname')}"
+        labels[label] = node_id
+    starts = daemon_starts(labels)
+    daemons = {k: {d: t - wall0 for d, t in v.items()} for k, v in starts.items() if v}
+
+    phases = [(p["phase"], _ts(p["timestamp"]) - wall0) for p in body["phase_history"]]
+    node_ready = sorted(_ts(x["ready_at"]) - wall0 for x in body["nodes"] if x.get("ready_at"))
+
+    t1 = time.perf_counter()
+    r = await c.delete(f"{url}/{name}", params={"delete_volume": "true"})
+    r.raise_for_status()
+    while (await c.get(f"{url}/{name}")).status_code != 404:
+        if time.perf_counter() > t1 + 120:
+            raise SystemExit(f"cluster {name} not gone 120 s after DELETE")
+        await asyncio.sleep(poll_s)
+    t_gone = time.perf_counter() - t1
+    return CpRun(
+        nodes=n,
+        ready=t_ready,
+        delete=t_gone,
+        post_latency=post_latency,
+        phases=phases,
+        node_ready=node_ready,
+        daemons=daemons,
+        polls=polls,
+        cpu_server=cpu1[0] - cpu0[0],
+        cpu_commands=cpu1[1] - cpu0[1],
+    )
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def print_cp(run: CpRun) -> None:
+    print(
+        f"  control plane {run.nodes} node(s): ready {run.ready:.2f} s "
+        f"(POST {run.post_latency * 1000:.0f} ms), delete -> 404 {run.delete:.2f} s;"
+        f" {run.polls} GETs; server CPU {run.cpu_server:.2f} s"
+        f" + its commands {run.cpu_commands:.2f} s"
+    )
+    phases = "  ".join(f"{p} +{t:.2f}" for p, t in run.phases)
+    print(f"    phases: {phases}")
+    print(f"    nodes ready_at: {', '.join(f'+{t:.2f}' for t in run.node_ready)}")
+    for label in sorted(run.daemons, key=lambda x: (x.startswith("gpu"), x)):
+        ds = sorted(run.daemons[label].items(), key=lambda kv: kv[1])
+        print(f"    {label:<22} " + "  ".join(f"{d} +{t:.2f}" for d, t in ds))
+
+
+def print_floor(run: FloorRun, *, trace: bool = False) -> None:
+    what = "floor+quickack" if run.quickack else "floor"
+    print(
+        f"  {what} {run.nodes} node(s): {run.total:.2f} s = namespaces {run.namespaces:.2f}"
+        f" + daemons {run.daemons:.2f} ({run.calls} node calls,"
+        f" probe slack {run.probe_slack:.2f} s)"
+    )
+    for label, dt in run.steps:
+        print(f"    {label:<42} {dt:6.3f} s")
+    for label, dt in run.per_call.items():
+        print(f"    per call: {label:<32} {dt * 1000:6.1f} ms")
+    if trace:
+        print("    trace (offset from the last namespace made, duration, node, call):")
+        for line in run.trace:
+            print(f"      {line}")
+
+
+def print_table(cp: dict[int, list[CpRun]], fl: dict[int, list[FloorRun]]) -> None:
+    print()
+    print("min / median over the repeats")
+    print(
+        "| nodes | control plane create->ready | floor (ns + daemons) | daemons only "
+        "| ratio (median cp / median floor) | delete->404 |"
+    )
+    print("|---|---|---|---|---|---|")
+    for n in sorted(cp):
+        ready = [r.ready for r in cp[n]]
+        total = [r.total for r in fl[n]]
+        daemons = [r.daemons for r in fl[n]]
+        ratio = med(ready) / med(total)
+        gone = [r.delete for r in cp[n]]
+        print(
+            f"| {n} | {fmt(ready)} | {fmt(total)} | {fmt(daemons)} | {ratio:.1f}x | {fmt(gone)} |"
+        )
+
+
+async def run(args: argparse.Namespace) -> None:
+    if os.geteuid() != 0:
+        raise SystemExit("the embedded fleet needs root")
+    for exe in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "mariadb-install-db"):
+        if shutil.which(exe) is None:
+            raise SystemExit(f"{exe} not found: run scripts/setup first")
+    if max(args.sizes) > 4:
+        raise SystemExit("the default netns fleet has 4 hosts: at most 4 nodes")
+    poll_s = args.poll_ms / 1000
+    cp: dict[int, list[CpRun]] = {n: [] for n in args.sizes}
+    fl: dict[int, list[FloorRun]] = {n: [] for n in args.sizes}
+    server = Server()
+    server_clean = False
+    t_bench = time.perf_counter()
+    try:
+        server.start()
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            await wait_healthy(c, server)
+            key = tomllib.loads((server.home / "config.toml").read_text())["api_key"]
+            c.headers["Authorization"] = f"Bearer {key}"
+            first = True
+            for n in args.sizes:
+                for i in range(args.repeat):
+                    # Alternate which goes first, so neither always runs on a
+                    # machine just warmed up (or loaded) by the other.
+                    order = ("floor", "cp") if i % 2 == 0 else ("cp", "floor")
+                    for what in order:
+                        if what == "floor":
+                            f = await floor_run(n, measure_calls=first)
+                            first = False
+                            fl[n].append(f)
+                            print_floor(f, trace=args.trace)
+                        else:
+                            name = f"bp{n}n{i}{secrets.token_hex(2)}"
+                            r = await cp_run(c, server, n, name, poll_s)
+                            cp[n].append(r)
+                            print_cp(r)
+    finally:
+        server.stop()
+        server_clean = await server.cleanup()
+    if server_clean and not args.keep_home:
+        shutil.rmtree(server.home, ignore_errors=True)
+    print_table(cp, fl)
+    left = "none" if server_clean else f"SOME (see above; home kept: {server.home})"
+    print(f"\nbench took {time.perf_counter() - t_bench:.0f} s; namespaces of ours left: {left}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--poll-ms", type=float, default=20.0)
+    ap.add_argument("--trace", action="store_true", help="print every node call of the floor")
+    ap.add_argument("--keep-home", action="store_true", help="keep the server's home")
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
