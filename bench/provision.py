@@ -45,7 +45,7 @@ import tempfile
 import time
 import tomllib
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +64,7 @@ from gpuclusters.providers.registry import ProviderOptions, make_provider
 T = TypeVar("T")
 PROJECT = "/v1/projects/default"
 DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
+LEFT: list[str] = []  # homes of floor runs that could not be cleaned up
 
 
 def free_port() -> int:
@@ -122,8 +123,8 @@ def daemon_starts(node_ids: Mapping[str, str]) -> dict[str, dict[str, float]]:
             continue
         try:
             st = os.stat(f"/proc/{entry.name}/ns/net")
-            label = inodes.get((st.st_dev, st.st_ino))
-            if label is None:
+            owner = inodes.get((st.st_dev, st.st_ino))
+            if owner is None:
                 continue
             raw = Path(f"/proc/{entry.name}/stat").read_text()
         except OSError:
@@ -135,8 +136,8 @@ def daemon_starts(node_ids: Mapping[str, str]) -> dict[str, dict[str, float]]:
                     comm = "agent"
         if comm in DAEMONS or comm == "agent":
             start = boot + int(raw[raw.rindex(")") + 2 :].split()[19]) / tick
-            prev = found[label].get(comm)
-            found[label][comm] = start if prev is None else min(prev, start)
+            prev = found[owner].get(comm)
+            found[owner][comm] = start if prev is None else min(prev, start)
     return found
 
 
@@ -156,6 +157,28 @@ def set_quickack(netns: str) -> None:
         if not words or words[0] in ("broadcast", "multicast") or "quickack" in words:
             continue
         subprocess.run(["ip", "-n", netns, "route", "replace", *words, "quickack", "1"], check=True)
+
+
+# Files a node's boot and the Slurm layer write, in the node's /etc overlay
+# upper layer on the host: their mtimes date the steps that have no daemon.
+FILE_MARKS = (
+    ("boot", "etc/hostname"),
+    ("cluster key", "etc/gpuclusters/slurm/munge.key"),
+    ("agent token", "etc/gpuclusters/agent-token"),
+    ("accounts", "etc/passwd"),
+    ("munge.key", "etc/munge/munge.key"),
+    ("slurm.conf", "etc/slurm/slurm.conf"),
+    ("slurmdbd.conf", "etc/slurm/slurmdbd.conf"),
+)
+
+
+def file_marks(node_dir: Path) -> dict[str, float]:
+    """{step: wall-clock mtime} of the FILE_MARKS present in a node's upper layer."""
+    out = {}
+    for label, rel in FILE_MARKS:
+        with contextlib.suppress(OSError):
+            out[label] = (node_dir / "upper" / rel).stat().st_mtime
+    return out
 
 
 # --- a NodeShell that records what the stack does -------------------------------------------
@@ -369,6 +392,37 @@ async def _per_call_costs(shell: NodeShell) -> dict[str, float]:
     return costs
 
 
+_cleaning = 0  # > 0 while a cleanup runs: interrupts wait until it is done
+
+
+def _on_sigterm(task: asyncio.Task[Any]) -> None:
+    if not _cleaning:
+        task.cancel()
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ignore Ctrl-C (and SIGTERM) while cleaning up: an interrupted delete
+    would leave namespaces behind. One that came before still ends the run,
+    after the cleanup."""
+    global _cleaning
+    _cleaning += 1
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        _cleaning -= 1
+        if not _cleaning:
+            signal.signal(signal.SIGINT, previous)
+
+
+async def _attempt(coro: Awaitable[None], what: str) -> None:
+    try:
+        await coro
+    except Exception as exc:
+        print(f"  cleanup: {what} failed: {exc}", file=sys.stderr)
+
+
 def _service_ids(home: Path) -> list[str]:
     nodes = json.loads((home / "netns-provider.json").read_text())["nodes"]
     return [i for i, rec in nodes.items() if rec.get("kind") == "service"]
@@ -385,7 +439,6 @@ async def floor_run(n: int, *, measure_calls: bool, quickack: bool = False) -> F
         raise SystemExit(f"the netns fleet has {len(hosts)} hosts; {n} nodes asked")
     node_ids: set[str] = set()
     rec = Recorder()
-    clean = False
     try:
         t0 = time.perf_counter()
         controller = await provider.ensure_service_node(
@@ -460,19 +513,22 @@ async def floor_run(n: int, *, measure_calls: bool, quickack: bool = False) -> F
             trace=_trace(rec.calls, t_ns),
         )
     finally:
-        for node_id in node_ids:
-            await provider.delete(node_id)
-        await provider.delete_service_nodes(cluster_id=cluster_id)
-        await provider.close()
-        state = home / "netns-provider.json"
-        recorded = json.loads(state.read_text()).get("nodes", {}) if state.exists() else {}
-        left = netns_left(node_ids | set(recorded))
-        if left or recorded:
-            print(f"  LEFT BEHIND by the floor run: {left or list(recorded)} ({home})")
-        else:
-            clean = True
-    if clean:
-        shutil.rmtree(home, ignore_errors=True)
+        with uninterrupted():
+            # Every step even if one fails; what is left is reported below.
+            for node_id in node_ids:
+                await _attempt(provider.delete(node_id), f"delete node {node_id}")
+            await _attempt(
+                provider.delete_service_nodes(cluster_id=cluster_id), "delete service nodes"
+            )
+            await provider.close()
+            state = home / "netns-provider.json"
+            recorded = json.loads(state.read_text()).get("nodes", {}) if state.exists() else {}
+            left = netns_left(node_ids | set(recorded))
+            if left or recorded:
+                print(f"  LEFT BEHIND by the floor run: {left or list(recorded)} ({home})")
+                LEFT.append(str(home))
+            else:
+                shutil.rmtree(home, ignore_errors=True)
     return run
 
 
@@ -487,10 +543,13 @@ class CpRun:
     post_latency: float
     phases: list[tuple[str, float]]  # (phase, offset from POST)
     node_ready: list[float]  # offsets of each node's ready_at
-    daemons: dict[str, dict[str, float]]  # node label -> daemon -> offset from POST
+    # node label -> daemon start or file written -> offset from POST
+    daemons: dict[str, dict[str, float]]
     polls: int  # GETs until ready
     cpu_server: float  # CPU seconds of the server process, POST -> ready
     cpu_commands: float  # ... and of the commands it ran and waited for
+    cpu_per_get: float  # server CPU seconds per GET of the cluster (measured once ready)
+    wall_per_get: float
 
 
 class Server:
@@ -552,10 +611,13 @@ class Server:
             access: Any = provider
             for node_id, rec in nodes.items():
                 if rec.get("kind") == "gpu":
-                    await provider.delete(node_id)
+                    await _attempt(provider.delete(node_id), f"delete node {node_id}")
             for cluster_id in {rec.get("cluster_id") for rec in nodes.values()}:
                 if cluster_id:
-                    await access.delete_service_nodes(cluster_id=cluster_id)
+                    await _attempt(
+                        access.delete_service_nodes(cluster_id=cluster_id),
+                        f"delete service nodes of {cluster_id}",
+                    )
             await provider.close()
         left = netns_left(self.node_ids)
         if left:
@@ -611,10 +673,19 @@ async def cp_run(c: httpx.AsyncClient, server: Server, n: int, name: str, poll_s
         label = role if role != "gpu" else f"gpu:{rec.get('hostname')}"
         labels[label] = node_id
     starts = daemon_starts(labels)
+    for label, node_id in labels.items():
+        starts[label].update(file_marks(Path(nodes[node_id]["nodes_dir"]) / node_id))
     daemons = {k: {d: t - wall0 for d, t in v.items()} for k, v in starts.items() if v}
 
     phases = [(p["phase"], _ts(p["timestamp"]) - wall0) for p in body["phase_history"]]
     node_ready = sorted(_ts(x["ready_at"]) - wall0 for x in body["nodes"] if x.get("ready_at"))
+
+    # What one poll costs the server (it shares the 2 cores with the nodes).
+    cpu_a, t_a = server.cpu(), time.perf_counter()
+    for _ in range(20):
+        (await c.get(f"{url}/{name}")).raise_for_status()
+    cpu_get = (server.cpu()[0] - cpu_a[0]) / 20
+    wall_get = (time.perf_counter() - t_a) / 20
 
     t1 = time.perf_counter()
     r = await c.delete(f"{url}/{name}", params={"delete_volume": "true"})
@@ -635,6 +706,8 @@ async def cp_run(c: httpx.AsyncClient, server: Server, n: int, name: str, poll_s
         polls=polls,
         cpu_server=cpu1[0] - cpu0[0],
         cpu_commands=cpu1[1] - cpu0[1],
+        cpu_per_get=cpu_get,
+        wall_per_get=wall_get,
     )
 
 
@@ -646,7 +719,8 @@ def print_cp(run: CpRun) -> None:
         f"  control plane {run.nodes} node(s): ready {run.ready:.2f} s "
         f"(POST {run.post_latency * 1000:.0f} ms), delete -> 404 {run.delete:.2f} s;"
         f" {run.polls} GETs; server CPU {run.cpu_server:.2f} s"
-        f" + its commands {run.cpu_commands:.2f} s"
+        f" + its commands {run.cpu_commands:.2f} s; one GET {run.wall_per_get * 1000:.0f} ms"
+        f" ({run.cpu_per_get * 1000:.0f} ms CPU)"
     )
     phases = "  ".join(f"{p} +{t:.2f}" for p, t in run.phases)
     print(f"    phases: {phases}")
@@ -673,23 +747,28 @@ def print_floor(run: FloorRun, *, trace: bool = False) -> None:
             print(f"      {line}")
 
 
-def print_table(cp: dict[int, list[CpRun]], fl: dict[int, list[FloorRun]]) -> None:
+def print_table(
+    cp: dict[int, list[CpRun]], fl: dict[int, list[FloorRun]], qa: dict[int, list[FloorRun]]
+) -> None:
+    extra = any(qa.values())
     print()
     print("min / median over the repeats")
     print(
         "| nodes | control plane create->ready | floor (ns + daemons) | daemons only "
         "| ratio (median cp / median floor) | delete->404 |"
+        + (" floor with quickack routes |" if extra else "")
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|" + ("---|" if extra else ""))
     for n in sorted(cp):
         ready = [r.ready for r in cp[n]]
         total = [r.total for r in fl[n]]
         daemons = [r.daemons for r in fl[n]]
         ratio = med(ready) / med(total)
         gone = [r.delete for r in cp[n]]
-        print(
-            f"| {n} | {fmt(ready)} | {fmt(total)} | {fmt(daemons)} | {ratio:.1f}x | {fmt(gone)} |"
-        )
+        row = f"| {n} | {fmt(ready)} | {fmt(total)} | {fmt(daemons)} | {ratio:.1f}x | {fmt(gone)} |"
+        if extra:
+            row += f" {fmt([r.total for r in qa[n]])} |"
+        print(row)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -701,8 +780,13 @@ async def run(args: argparse.Namespace) -> None:
     if max(args.sizes) > 4:
         raise SystemExit("the default netns fleet has 4 hosts: at most 4 nodes")
     poll_s = args.poll_ms / 1000
+    # SIGTERM cancels like Ctrl-C does, so the cleanup below runs either way.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _on_sigterm, task)
     cp: dict[int, list[CpRun]] = {n: [] for n in args.sizes}
     fl: dict[int, list[FloorRun]] = {n: [] for n in args.sizes}
+    qa: dict[int, list[FloorRun]] = {n: [] for n in args.sizes}
     server = Server()
     server_clean = False
     t_bench = time.perf_counter()
@@ -717,12 +801,18 @@ async def run(args: argparse.Namespace) -> None:
                 for i in range(args.repeat):
                     # Alternate which goes first, so neither always runs on a
                     # machine just warmed up (or loaded) by the other.
-                    order = ("floor", "cp") if i % 2 == 0 else ("cp", "floor")
+                    order = ["floor", "cp"] if i % 2 == 0 else ["cp", "floor"]
+                    if args.quickack:
+                        order.insert(order.index("floor") + 1, "quickack")
                     for what in order:
                         if what == "floor":
                             f = await floor_run(n, measure_calls=first)
                             first = False
                             fl[n].append(f)
+                            print_floor(f, trace=args.trace)
+                        elif what == "quickack":
+                            f = await floor_run(n, measure_calls=False, quickack=True)
+                            qa[n].append(f)
                             print_floor(f, trace=args.trace)
                         else:
                             name = f"bp{n}n{i}{secrets.token_hex(2)}"
@@ -730,12 +820,13 @@ async def run(args: argparse.Namespace) -> None:
                             cp[n].append(r)
                             print_cp(r)
     finally:
-        server.stop()
-        server_clean = await server.cleanup()
-    if server_clean and not args.keep_home:
-        shutil.rmtree(server.home, ignore_errors=True)
-    print_table(cp, fl)
-    left = "none" if server_clean else f"SOME (see above; home kept: {server.home})"
+        with uninterrupted():
+            server.stop()
+            server_clean = await server.cleanup()
+            if server_clean and not args.keep_home:
+                shutil.rmtree(server.home, ignore_errors=True)
+    print_table(cp, fl, qa)
+    left = "none" if server_clean and not LEFT else f"SOME (see above; kept: {server.home} {LEFT})"
     print(f"\nbench took {time.perf_counter() - t_bench:.0f} s; namespaces of ours left: {left}")
 
 
@@ -744,6 +835,11 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--poll-ms", type=float, default=20.0)
+    ap.add_argument(
+        "--quickack",
+        action="store_true",
+        help="also run each floor with `quickack 1` on its nodes' routes (no delayed ACKs)",
+    )
     ap.add_argument("--trace", action="store_true", help="print every node call of the floor")
     ap.add_argument("--keep-home", action="store_true", help="keep the server's home")
     asyncio.run(run(ap.parse_args()))

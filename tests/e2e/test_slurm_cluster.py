@@ -105,11 +105,25 @@ def test_slurm_cluster_end_to_end(server_factory: Servers) -> None:
     assert sorted(out) == sorted(n["name"] for n in created["nodes"])
     server.wait_for(
         "job accounted",
-        lambda: ssh(server, "demo", "sacct", "-n", "-X", "-o", "State").split() == ["COMPLETED"],
+        lambda: (
+            ssh(server, "demo", "sacct", "-n", "-X", "-o", "State").split()[:1] == ["COMPLETED"]
+        ),
         timeout=30,
     )
     env_out = ssh(server, "demo", "srun", "--gres=gpu:8", "printenv", "CUDA_VISIBLE_DEVICES")
     assert env_out.strip() == "0,1,2,3,4,5,6,7"
+
+    # A prolog saved through the API is applied live (scontrol reconfigure).
+    prolog = server.home.parent / "prolog.sh"
+    prolog.write_text('#!/bin/sh\ntouch "/mnt/shared/prolog-ran-$SLURM_JOB_ID"\n')
+    ok(server, "clusters", "configure", "demo", "--prolog", str(prolog))
+    server.wait_for(
+        "prolog configured",
+        lambda: "/etc/slurm/prolog.sh" in ssh(server, "demo", "scontrol", "show", "config"),
+        timeout=30,
+    )
+    job = ssh(server, "demo", "sbatch", "--parsable", "--wait", "-N1", "--wrap", "true").strip()
+    assert ssh(server, "demo", "ls", f"/mnt/shared/prolog-ran-{job}").strip()
 
     # Scale 2 -> 3 -> 1; a node the user drained goes first.
     ok(server, "clusters", "scale", "demo", "--gpus", "24")

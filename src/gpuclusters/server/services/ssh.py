@@ -81,5 +81,9 @@ async def ssh_target(
                 field="node",
             )
         shell = await access.shell(node.id)
-    argv = shell.exec_argv(command or ["bash", "-l"], user=user.name)
+    # Start in the member's home, as ssh does: the caller's own working
+    # directory means nothing inside the node (and Slurm writes job output
+    # to the submit directory on the compute nodes).
+    home = f"/home/{user.name}"
+    argv = shell.exec_argv(["env", f"--chdir={home}", *(command or ["bash", "-l"])], user=user.name)
     return api.SshTarget(cluster=cluster.name, node=shell.hostname, user=user.name, argv=argv)
