@@ -19,6 +19,18 @@ import typer
 from gpuclusters.cli.context import api_command
 
 SERVER_MODULE = "gpuclusters.server.main"
+
+PortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--port",
+        envvar="GPUCLUSTERS_PORT",
+        min=1,
+        max=65535,
+        show_default=False,
+        help="port to listen on (default: 8470)",
+    ),
+]
 EMBEDDED_PROVIDER = "netns"
 
 
@@ -34,17 +46,7 @@ def server(
             help="address to listen on (default: 127.0.0.1)",
         ),
     ] = None,
-    port: Annotated[
-        int | None,
-        typer.Option(
-            "--port",
-            envvar="GPUCLUSTERS_PORT",
-            min=1,
-            max=65535,
-            show_default=False,
-            help="port to listen on (default: 8470)",
-        ),
-    ] = None,
+    port: PortOpt = None,
     provider: Annotated[
         str | None,
         typer.Option(
@@ -63,17 +65,7 @@ def server(
 @api_command
 def up(
     *,
-    port: Annotated[
-        int | None,
-        typer.Option(
-            "--port",
-            envvar="GPUCLUSTERS_PORT",
-            min=1,
-            max=65535,
-            show_default=False,
-            help="port to listen on (default: 8470)",
-        ),
-    ] = None,
+    port: PortOpt = None,
 ) -> None:
     """Start gpuclusters on the embedded fleet (nodes made of Linux
     namespaces on this machine) and say what to do next. Needs root.
