@@ -63,8 +63,9 @@ async def run(args: argparse.Namespace) -> None:
     if args.database_url:
         env["GPUCLUSTERS_DATABASE_URL"] = args.database_url
     exe = Path(sys.executable).parent / "gpuclusters"
-    log = open(home / "server.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
+    # Blocking calls before any timing starts: harmless in an async function.
+    log = open(home / "server.log", "w")  # noqa: SIM115, ASYNC230 (closed below)
+    proc = subprocess.Popen(  # noqa: ASYNC220
         [str(exe), "server", "--provider", "fake", "--port", str(port)],
         env=env,
         stdout=log,
@@ -96,9 +97,11 @@ async def run(args: argparse.Namespace) -> None:
             async def wait_all(pred: str) -> None:
                 while True:
                     listed = (await c.get(p)).json()
-                    if pred == "ready" and all(x["status"] == "ready" for x in listed) and len(
-                        listed
-                    ) == len(names):
+                    if (
+                        pred == "ready"
+                        and all(x["status"] == "ready" for x in listed)
+                        and len(listed) == len(names)
+                    ):
                         return
                     if pred == "gone" and not listed:
                         return

@@ -7,24 +7,30 @@ one cluster at a time (the default netns fleet has 4 hosts):
   subprocess, fresh home under /tmp, default reconcile interval). POST a
   cluster, poll GET every ``--poll-ms`` until ``ready``; report POST -> ready,
   the cluster's ``phase_history`` and node ``ready_at`` (offsets from the
-  POST) and the start times of the daemons in its namespaces (read from
-  /proc). Then DELETE and poll until 404.
+  POST), the start times of the daemons in its namespaces (read from /proc)
+  and the mtimes of the files its steps write in the nodes' /etc overlay
+  (which date the steps that start no daemon). Then DELETE and poll until
+  404.
 * **floor**: no server. The netns provider and the Slurm stack in this
   process: the controller service node and N GPU nodes (``create`` /
   ``ensure_service_node``), then ``stack.start_controller`` and
   ``stack.join_compute`` for every node at once (``asyncio.gather``), timed
   from the first namespace to every node registered (idle). Every command
   the stack runs goes through a recording shell, which splits the daemons'
-  time into steps (mariadb-install-db, slurmdbd, sacctmgr, slurmctld,
-  slurmd registration).
+  time into steps (mariadbd, slurmdbd, sacctmgr, slurmctld, slurmd
+  registration); the first floor also times unit calls and
+  mariadb-install-db on an empty datadir.
+* **floor with quickack** (``--quickack``): the floor again, with
+  ``quickack 1`` on its node namespaces' routes (no delayed ACKs).
 
-Prints one table (min / median over the repeats) and the breakdowns. Needs
-root and Debian's Slurm, munge and MariaDB (scripts/setup). Everything made
-is deleted at the end, also on error, and the bench checks that none of its
+Prints one table (min / median over the repeats) and the breakdowns; the
+figures and their reading are in docs/benchmarks.md. Needs root and Debian's
+Slurm, munge and MariaDB (scripts/setup). Everything made is deleted at the
+end, also on error or Ctrl-C, and the bench checks that none of its
 namespaces is left (other servers' namespaces are never touched).
 
-    .venv/bin/python bench/provision.py
-    .venv/bin/python bench/provision.py --sizes 2 --repeat 5
+    .venv/bin/python bench/provision.py --quickack      # ~95 s on 2 cores
+    .venv/bin/python bench/provision.py --sizes 2 --repeat 5 --trace
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ shells they run on, from the ``ClusterRef`` the control plane passes in.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from datetime import datetime
 
@@ -91,22 +92,39 @@ class SlurmLayer(ClusterLayer):
         spec = self._spec(cluster, controller)
         key = await self._munge_key(controller, create=True)
         assert key is not None
-        await self._prepare(controller, cluster)
-        await stack.start_controller(controller, spec, munge_key=key)
-        await stack.ensure_admins(controller, [u.name for u in cluster.users if u.admin])
-        login = await self._service(cluster, LOGIN)
-        await self._prepare(login, cluster)
-        await stack.start_login(login, spec, munge_key=key)
+
+        async def controller_side() -> None:
+            await self._prepare(controller, cluster)
+            await stack.start_controller(controller, spec, munge_key=key)
+
+        async def login_side() -> NodeShell:
+            # Everything on the login node that does not need slurmctld runs
+            # while the controller starts (its daemons take most of the time).
+            login = await self._service(cluster, LOGIN)
+            await self._prepare(login, cluster)
+            await stack.ensure_munge(login, spec, munge_key=key)
+            return login
+
+        _, login = await asyncio.gather(controller_side(), login_side())
+        await asyncio.gather(
+            stack.ensure_admins(controller, [u.name for u in cluster.users if u.admin]),
+            stack.start_login(login, spec, munge_key=key),
+        )
         return True
 
     async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
         controller = await self._service(cluster, CONTROLLER)
         spec = self._spec(cluster, controller)
         key = await self._munge_key(controller, create=False)
-        if key is None or not await stack.ping(controller):
-            return False  # the control plane is still coming up; asked again later
+        if key is None:
+            return False  # the control plane step has not started; asked again later
         shell = await self.access.shell(node.node_id)
+        # What needs no slurmctld is done while the controller still starts,
+        # so slurmd can register the moment slurmctld answers.
         await self._prepare(shell, cluster)
+        await stack.ensure_munge(shell, spec, munge_key=key)
+        if not await stack.ping(controller):
+            return False  # the control plane is still coming up; asked again later
         await stack.join_compute(
             controller, shell, spec, munge_key=key, features=[node.compute_class]
         )

@@ -60,7 +60,7 @@ async def wait_for(
     what: str,
     timeout_s: float,
     first_delay_s: float = 0.02,
-    max_delay_s: float = 0.5,
+    max_delay_s: float = 0.05,
 ) -> T:
     """Call ``probe`` until it returns something other than None; backoff x1.5."""
     loop = asyncio.get_running_loop()

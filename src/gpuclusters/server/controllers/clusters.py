@@ -96,6 +96,7 @@ class ClusterReconciler(SteppedReconciler):
         if status is S.WAITING_FOR_CONTROL_PLANE:
             if not await layer.ensure_control_plane(ref):
                 return False
+            self.ctx.hints.notify(hints.NODES)  # nodes waiting to join can go now
             return await self._transition(row_id, token, S.WAITING_FOR_VOLUME)
 
         if status is S.WAITING_FOR_VOLUME:
