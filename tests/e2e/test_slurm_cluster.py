@@ -138,9 +138,26 @@ def test_slurm_cluster_end_to_end(server_factory: Servers) -> None:
         "state=drain",
         "reason=user maintenance",
     )
+    # A job running on a node that goes is requeued, not lost.
+    newest = max(three["nodes"], key=lambda n: n["created_at"])["name"]
+    assert newest != drained
+    job = ssh(server, "demo", "sbatch", "--parsable", "-w", newest, "--wrap", "sleep 600").strip()
+    server.wait_for(
+        "job running",
+        lambda: ssh(server, "demo", "squeue", "-h", "-j", job, "-o", "%T").strip() == "RUNNING",
+        timeout=30,
+    )
     ok(server, "clusters", "scale", "demo", "--gpus", "8")
     one = wait_nodes(server, "demo", 1)
     assert drained not in {n["name"] for n in one["nodes"]}
+    assert newest not in {n["name"] for n in one["nodes"]}
+    assert "Restarts=1" in ssh(server, "demo", "scontrol", "show", "job", job)
+    ssh(server, "demo", "scancel", job)
+
+    # Ctrl-C and start again: the cluster is re-adopted as it was.
+    assert server.stop() == 0
+    server.start()
+    assert wait_nodes(server, "demo", 1)["nodes"][0]["name"] == one["nodes"][0]["name"]
     events = json.loads(ok(server, "events", "--cluster", "demo", "--output", "json"))
     assert sum(e["reason"] == "ScaledDown" for e in events) == 2
 
