@@ -83,7 +83,9 @@ class SlurmPaths:
     state_dir: str = "/var/spool/slurmctld"
     slurmd_spool: str = "/var/spool/slurmd"
     run_dir: str = "/run/slurm"
-    mysql_datadir: str = "/var/lib/mysql"
+    # Not /var/lib/mysql: a node's /var sits over the host's, where Debian keeps
+    # its own datadir; every cluster gets a fresh database of its own here.
+    mysql_datadir: str = "/var/lib/gpuclusters/mysql"
     mysql_run_dir: str = "/run/mysqld"
     prolog: str = "/etc/slurm/prolog.sh"
     epilog: str = "/etc/slurm/epilog.sh"

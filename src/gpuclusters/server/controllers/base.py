@@ -106,6 +106,9 @@ class Reconciler(ABC):
 
     async def _work(self, row_id: str, token: str) -> None:
         changed = False
+        # A hint that arrives while this row is being worked on wakes a pass
+        # that skips the row (it is in flight); remember to look again.
+        hints_before = self.ctx.hints.count(self.name)
         try:
             async with self._sem:
                 with STEP_SECONDS.labels(self.name).time():
@@ -130,7 +133,7 @@ class Reconciler(ABC):
             except Exception:
                 log.exception("reconciler %s: could not release lease on %s", self.name, row_id)
             self._inflight.pop(row_id, None)
-        if changed and not self._stopping:
+        if (changed or self.ctx.hints.count(self.name) != hints_before) and not self._stopping:
             self.ctx.hints.notify(self.name)
 
 

@@ -15,6 +15,7 @@ VOLUMES = "volumes"
 class Hints:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
+        self._counts: dict[str, int] = {}
 
     def _event(self, topic: str) -> asyncio.Event:
         ev = self._events.get(topic)
@@ -24,7 +25,13 @@ class Hints:
 
     def notify(self, *topics: str) -> None:
         for topic in topics:
+            self._counts[topic] = self._counts.get(topic, 0) + 1
             self._event(topic).set()
+
+    def count(self, topic: str) -> int:
+        """How many hints ``topic`` has had; lets a worker tell whether one
+        arrived while it was busy (and so may have been consumed unseen)."""
+        return self._counts.get(topic, 0)
 
     async def wait(self, topic: str, max_wait_s: float) -> None:
         """Return when ``topic`` is notified or after ``max_wait_s``."""
