@@ -22,7 +22,7 @@ from slurm_nsshell import NsenterShell
 
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.layers.slurm import stack
-from gpuclusters.layers.slurm.config import SlurmSpec
+from gpuclusters.layers.slurm.config import SlurmPaths, SlurmSpec
 
 PROTO = Path(__file__).resolve().parents[2] / "scripts" / "setup-slurm-proto"
 SHARED = Path("/tmp/gpct-shared")
@@ -50,6 +50,9 @@ class Cluster:
     bring_up_s: float
 
 
+PROTO_PATHS = SlurmPaths(mysql_datadir="/var/lib/mysql")
+
+
 @pytest.fixture
 def proto_nodes() -> Iterator[None]:
     """Bare nodes from the prototype script; everything is removed afterwards."""
@@ -67,6 +70,9 @@ async def cluster(proto_nodes: None) -> AsyncIterator[Cluster]:
         controller_host="gpct-ctl",
         controller_addr="10.232.0.10",
         gpu_type="h100",
+        # The prototype's namespaces bind a private directory at
+        # /var/lib/mysql (their /var is the host's, not an overlay).
+        paths=PROTO_PATHS,
     )
     c = Cluster(
         spec=spec,
@@ -144,6 +150,7 @@ async def test_cluster_lifecycle(cluster: Cluster) -> None:
         controller_host=c.spec.controller_host,
         controller_addr=c.spec.controller_addr,
         gpu_type=c.spec.gpu_type,
+        paths=PROTO_PATHS,
         prolog_script='#!/bin/sh\n[ "$(hostname)" = gpct-n2 ] && exit 1\nexit 0\n',
     )
     assert await stack.apply_config(c.ctl, spec2, logins=[c.login], computes=[c.n1, c.n2])
