@@ -28,8 +28,14 @@ def _passwd_uids(passwd: str) -> dict[str, int]:
 async def ensure_accounts(
     shell: NodeShell, users: Iterable[UnixUser], *, create_homes: bool = True
 ) -> list[str]:
-    """Create missing accounts (and their homes); return the names created."""
+    """Create missing accounts (and their homes); return the names created.
+
+    The group and the user are made in two steps, each skipped when already
+    done, so an attempt cut short (a killed server, a timeout) is finished by
+    the next one instead of failing on "group exists" forever."""
+    users = list(users)
     existing = _passwd_uids((await shell.read_file("/etc/passwd") or b"").decode())
+    groups = _passwd_uids((await shell.read_file("/etc/group") or b"").decode())
     created = []
     for user in users:
         have = existing.get(user.name)
@@ -39,35 +45,30 @@ async def ensure_accounts(
             raise PermanentLayerError(
                 f"{shell.hostname}: account {user.name} exists with uid {have}, not {user.uid}"
             )
+        gid = groups.get(user.name)
+        if gid is None:
+            await shell.run(["groupadd", "--gid", str(user.uid), user.name])
+        elif gid != user.uid:
+            raise PermanentLayerError(
+                f"{shell.hostname}: group {user.name} exists with gid {gid}, not {user.uid}"
+            )
         await shell.run(
             [
                 "useradd",
-                "--uid",
-                str(user.uid),
-                "--user-group",
-                "--home-dir",
-                f"/home/{user.name}",
+                "--uid", str(user.uid),
+                "--gid", str(user.uid),
+                "--home-dir", f"/home/{user.name}",
                 "--no-create-home",
-                "--shell",
-                "/bin/bash",
+                "--shell", "/bin/bash",
                 user.name,
             ]
-        )
+        )  # fmt: skip
         created.append(user.name)
     if create_homes:
         for user in users:
             # install -d is idempotent and never touches an existing home's content.
             await shell.run(
-                [
-                    "install",
-                    "-d",
-                    "-m",
-                    "0750",
-                    "-o",
-                    str(user.uid),
-                    "-g",
-                    str(user.uid),
-                    f"/home/{user.name}",
-                ]
-            )
+                ["install", "-d", "-m", "0750", "-o", str(user.uid), "-g", str(user.uid),
+                 f"/home/{user.name}"]
+            )  # fmt: skip
     return created
