@@ -10,7 +10,7 @@ import pytest
 from nodetools import Fleet, alive, host_run, host_start, leftovers, reach, start_echo
 
 from gpuclusters.linux import layout, network, procs, sysmount
-from gpuclusters.providers.base import InstanceState, PermanentProviderError
+from gpuclusters.providers.base import InstanceState, PermanentProviderError, ProviderError
 
 
 async def test_reboot_keeps_disks_kills_processes_fresh_run(fleet: Fleet) -> None:
@@ -206,3 +206,21 @@ async def test_concurrent_creates_and_deletes(fleet: Fleet) -> None:
     assert len(nets) == 2 and {a.rsplit(".", 1)[1] for a in addresses} == {"10", "11"}
     await asyncio.gather(*(p.delete(s.node_id) for s in specs))
     assert leftovers([s.node_id for s in specs], [x, y], fleet.home) == []
+
+
+async def test_a_boot_cut_short_is_never_used_and_is_redone(fleet: Fleet) -> None:
+    """A server killed while a node's boot runs can leave its namespaces
+    pinned but its root not built. Such a node must read MISSING, give out
+    no shell (commands there would write to the host's mounts), and boot
+    again from scratch when asked."""
+    p = fleet.provider()
+    spec = fleet.spec(fleet.cluster(), "cut-1", "h100-a-01")
+    await p.create(spec)
+    node = p_layout(fleet, spec.node_id)
+    (node.dir / "booted").unlink()  # as if unshare had been killed mid-boot
+    assert (await p.status(spec.node_id)).state is InstanceState.MISSING
+    with pytest.raises(ProviderError, match="not booted"):
+        await p.shell(spec.node_id)
+    assert (await p.create(spec)).state is InstanceState.RUNNING
+    sh = await p.shell(spec.node_id)
+    assert (await sh.read_file("/etc/hostname")) == b"cut-1\n"

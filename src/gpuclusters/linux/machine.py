@@ -86,6 +86,8 @@ def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
         missing.append("network namespace")
     if not sysmount.is_ns_file(node.mnt_file):
         missing.append("mount namespace")
+    elif not boot_completed(node):
+        missing.append("completed boot")
     if not sysmount.is_ns_file(node.uts_file):
         missing.append("UTS namespace")
     if not network.link_exists(bridge):
@@ -184,7 +186,7 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
         node, bridge=bridge, index=b.network_index, address=b.address
     )
     pinned = [sysmount.is_ns_file(f) for f in (node.mnt_file, node.uts_file)]
-    if all(pinned):
+    if all(pinned) and boot_completed(node):
         return False
     if any(pinned) or not fresh_netns:
         # Leftovers of an earlier life (half a pair after a crash mid-boot,
@@ -208,7 +210,30 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
     except CommandError:
         _private_dirs.discard(node.ns_dir)  # check it again next time
         raise
+    await asyncio.to_thread(_mark_booted, node)
     return True
+
+
+def _boot_marker(node: NodeLayout) -> Path:
+    return node.dir / "booted"
+
+
+def _mark_booted(node: NodeLayout) -> None:
+    _boot_marker(node).write_text(repr(sysmount.ns_inode(node.mnt_file)))
+
+
+def boot_completed(node: NodeLayout) -> bool:
+    """Whether the pinned mount namespace is one whose boot finished (root
+    built and pivoted into). A boot cut short, e.g. by a server killed while
+    ``unshare`` ran, can leave a pinned namespace that is still a copy of the
+    host's mounts: running a daemon in it would write to the host's /var.
+    Such a node counts as not booted and is torn down and booted again."""
+    try:
+        marker = _boot_marker(node).read_text()
+    except OSError:
+        return False
+    current = sysmount.ns_inode(node.mnt_file)
+    return current is not None and marker == repr(current)
 
 
 def _ns_ids(node: NodeLayout) -> set[procs.NsId]:

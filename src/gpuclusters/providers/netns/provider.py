@@ -433,6 +433,10 @@ class NetnsNodeProvider(NodeProvider):
         rec = state.nodes.get(node_id)
         if rec is None:
             raise PermanentProviderError(f"no node {node_id}")
+        if not await asyncio.to_thread(machine.boot_completed, rec.layout):
+            # Never hand out a shell into a half-built node: its mounts may
+            # still be the host's, and whatever ran there would write to them.
+            raise ProviderError(f"node {rec.name} is not booted")
         return self._shell(rec)
 
     async def ensure_service_node(
