@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -187,7 +188,24 @@ def test_slurm_cluster_end_to_end(server_factory: Servers) -> None:
     assert str(server.home) not in leftovers.replace(f"--port {server.port}", "")
 
 
+HOST_FILES = ("/etc/passwd", "/etc/group", "/etc/munge/munge.key", "/etc/slurm", "/var/spool")
+
+
+def host_snapshot() -> dict[str, object]:
+    """What a node must never change on the host (nodes see the host's /etc
+    and /var only through their own overlays)."""
+    snap: dict[str, object] = {}
+    for name in HOST_FILES:
+        path = Path(name)
+        if path.is_dir():
+            snap[name] = sorted(p.name for p in path.iterdir())
+        elif path.exists():
+            snap[name] = path.stat().st_mtime_ns
+    return snap
+
+
 def test_kill9_during_slurm_create_converges(server_factory: Servers) -> None:
+    before = host_snapshot()
     server = server_factory(provider="netns")
     with server.client() as api:
         r = api.post(
@@ -219,3 +237,4 @@ def test_kill9_during_slurm_create_converges(server_factory: Servers) -> None:
     assert services == ["controller", "login"]
     ok(server, "clusters", "delete", "crash", "--wait")
     assert our_namespaces(server) == set()
+    assert host_snapshot() == before
