@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from gpuclusters.cli import context
 from gpuclusters.cli.main import app
 from gpuclusters.client import Client
 from gpuclusters.core.models import ApiKeyCreated, Cluster
+from support.fake_api import FakeApi
 
 T0 = "2025-01-01T00:00:00Z"
 BAD_GPUS = {
@@ -32,27 +32,6 @@ BAD_GPUS = {
     "message": "num_gpus: must be a multiple of 8 (one node = 8 GPUs), got 12",
     "field": "num_gpus",
 }
-
-Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
-
-
-class FakeApi:
-    """Routes ``(method, path)`` to a queue of answers; the last one repeats."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], list[Reply]] = {}
-        self.requests: list[httpx.Request] = []
-
-    def on(self, method: str, path: str, *replies: Reply) -> None:
-        self.routes[(method, path)] = list(replies)
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        queue = self.routes.get((request.method, request.url.path))
-        if not queue:
-            return httpx.Response(404, json={"code": "not_found", "message": "no route"})
-        reply = queue.pop(0) if len(queue) > 1 else queue[0]
-        return reply(request) if callable(reply) else reply
 
 
 def node_json(name: str, phase: str = "running") -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,30 +40,10 @@ from gpuclusters.client import (
 from gpuclusters.core.clientconfig import read_config, write_config
 from gpuclusters.core.enums import ClusterStatus, ClusterType, NodePhase
 from gpuclusters.core.models import Cluster, ClusterCreate, ClusterUpdate, Node, WhoAmI
+from support.fake_api import FakeApi
 
 URL = "http://api.test"
 T0 = "2025-01-01T00:00:00Z"
-
-Reply = httpx.Response | Callable[[httpx.Request], httpx.Response]
-
-
-class FakeApi:
-    """Routes ``(method, path)`` to a queue of answers; the last one repeats."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], list[Reply]] = {}
-        self.requests: list[httpx.Request] = []
-
-    def on(self, method: str, path: str, *replies: Reply) -> None:
-        self.routes[(method, path)] = list(replies)
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        queue = self.routes.get((request.method, request.url.path))
-        if not queue:
-            return httpx.Response(404, json={"code": "not_found", "message": "no route"})
-        reply = queue.pop(0) if len(queue) > 1 else queue[0]
-        return reply(request) if callable(reply) else reply
 
 
 def node_json(name: str, phase: str = "running", *, cluster: str = "train") -> dict[str, Any]:
