@@ -49,7 +49,12 @@ def test_lost_instances_are_rebuilt_after_restart(server_factory: Servers) -> No
                 and {n["phase"] for n in c["nodes"]} == {"running"}
             )
 
-        server.wait_for("node rebuilt", rebuilt, timeout=30)
+        def state() -> str:
+            c = api.get(f"{P}/clusters/demo").json()
+            nodes = [(n["name"], n["phase"], n["message"]) for n in c["nodes"]]
+            return f"cluster {c['status']}; nodes {nodes}; instances {sorted(server.instances())}"
+
+        server.wait_for("node rebuilt", rebuilt, timeout=30, describe=state)
         after = {n["name"]: n for n in api.get(f"{P}/clusters/demo").json()["nodes"]}
     assert set(after) == set(before)  # the same nodes, none replaced
     assert {n: after[n]["host"] for n in after} == {n: before[n]["host"] for n in before}

@@ -32,6 +32,10 @@ class Runtime:
     layers: dict[ClusterType, ClusterLayer] = field(default_factory=dict)
     # Held while a request places nodes on hosts (see services.allocation).
     placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Running nodes whose instance this process has checked since it started.
+    # Until the node reconciler has checked a node, a missing instance means
+    # "lost while we were down; rebuild", not "failed while we watched".
+    verified_nodes: set[str] = field(default_factory=set)
 
     @property
     def node_access(self) -> NodeAccess | None:

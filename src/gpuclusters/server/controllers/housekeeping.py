@@ -61,6 +61,8 @@ async def check_running_nodes(rt: Runtime) -> int:
         )
     failed = 0
     for node in nodes:
+        if node.id not in rt.verified_nodes:
+            continue  # not yet checked since start: the node reconciler rebuilds it if lost
         inst = await rt.provider.status(node.id)
         if inst.state not in (InstanceState.MISSING, InstanceState.FAILED):
             continue

@@ -47,7 +47,7 @@ class NodeReconciler(SteppedReconciler):
         # restart every running node is checked once: re-adopted if its
         # instance is there (join again, which restarts dead daemons), rebuilt
         # if the instance is gone (e.g. the host rebooted).
-        self._verified: set[str] = set()
+        self._verified = rt.verified_nodes
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         rows = await session.execute(
