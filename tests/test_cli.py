@@ -10,6 +10,8 @@ stderr.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import types
@@ -23,8 +25,9 @@ from typer.testing import CliRunner, Result
 from gpuclusters.cli import context
 from gpuclusters.cli.main import app
 from gpuclusters.client import Client
-from gpuclusters.core.models import ApiKeyCreated, Cluster
-from support.fake_api import FakeApi
+from gpuclusters.core import kubeconfig
+from gpuclusters.core.models import ApiKeyCreated, Cluster, ClusterCredentials
+from support.fake_api import FakeApi, fake_kubeconfig
 
 T0 = "2025-01-01T00:00:00Z"
 BAD_GPUS = {
@@ -437,3 +440,174 @@ def test_configure_sends_files_and_keeps_other_settings(api: FakeApi, tmp_path: 
             "epilog": "#!/bin/sh\n",
         }
     }
+
+
+# --- clusters credentials ----------------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_credentials_to_stdout_prints_the_kubeconfig(api: FakeApi, tmp_path: Path) -> None:
+    api.serve_credentials("train")
+
+    result = run("clusters", "credentials", "train", "--file", "-")
+
+    assert result.exit_code == 0, result.output
+    config = kubeconfig.load(result.stdout)
+    assert config["current-context"] == "train"
+    assert [u["name"] for u in config["users"]] == ["alice@train"]
+    assert result.stderr == ""
+
+
+def test_credentials_to_a_new_file_is_private_and_current(api: FakeApi, tmp_path: Path) -> None:
+    api.serve_credentials("train")
+    path = tmp_path / "new" / "dir" / "train.kubeconfig"
+
+    result = run("clusters", "credentials", "train", "--file", str(path))
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f'wrote context "train" to {path} (use: kubectl --kubeconfig {path} get nodes)\n'
+    )
+    assert _mode(path) == 0o600
+    assert _mode(path.parent) == 0o700 and _mode(path.parent.parent) == 0o700
+    config = kubeconfig.load(path.read_text())
+    assert config["current-context"] == "train"
+    assert json.loads(api.requests[0].content) == {"context_name": None}
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+
+
+def _file_with_other_cluster(path: Path) -> dict[str, Any]:
+    other = kubeconfig.load(fake_kubeconfig("other", user="alice"))
+    path.write_text(kubeconfig.dump(other))
+    path.chmod(0o644)
+    return other
+
+
+def test_credentials_merge_keeps_other_contexts_and_current(api: FakeApi, tmp_path: Path) -> None:
+    api.serve_credentials("train")
+    path = tmp_path / "config"
+    other = _file_with_other_cluster(path)
+
+    result = run("clusters", "credentials", "train", "--file", str(path))
+
+    assert result.exit_code == 0, result.output
+    assert f"kubectl --kubeconfig {path} --context train get nodes" in result.stdout
+    merged = kubeconfig.load(path.read_text())
+    assert [c["name"] for c in merged["contexts"]] == ["other", "train"]
+    assert merged["clusters"][0] == other["clusters"][0]
+    assert merged["users"][0] == other["users"][0]
+    assert merged["current-context"] == "other"
+    assert _mode(path) == 0o600
+
+
+def test_credentials_set_default_context_and_context_name(api: FakeApi, tmp_path: Path) -> None:
+    api.serve_credentials("train")
+    path = tmp_path / "config"
+    _file_with_other_cluster(path)
+
+    result = run(
+        "clusters",
+        "credentials",
+        "train",
+        "--file",
+        str(path),
+        "--context-name",
+        "lab-train",
+        "--set-default-context",
+    )
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f'wrote context "lab-train" to {path} ')
+    assert json.loads(api.requests[0].content) == {"context_name": "lab-train"}
+    merged = kubeconfig.load(path.read_text())
+    assert merged["current-context"] == "lab-train"
+    assert [c["name"] for c in merged["clusters"]] == ["other", "lab-train"]
+    assert [u["name"] for u in merged["users"]] == ["alice@other", "alice@lab-train"]
+
+
+def test_credentials_again_replaces_only_its_own_entries(api: FakeApi, tmp_path: Path) -> None:
+    api.serve_credentials("train")
+    path = tmp_path / "config"
+    _file_with_other_cluster(path)
+    assert run("clusters", "credentials", "train", "--file", str(path)).exit_code == 0
+    first = path.read_text()
+
+    assert run("clusters", "credentials", "train", "--file", str(path)).exit_code == 0
+
+    assert path.read_text() == first
+
+
+@pytest.mark.parametrize(
+    "content", ["clusters: [unclosed\n", "- just\n- a list\n", "kind: Pod\nmetadata: {}\n"]
+)
+def test_credentials_refuse_a_file_that_is_not_a_kubeconfig(
+    api: FakeApi, tmp_path: Path, content: str
+) -> None:
+    api.serve_credentials("train")
+    path = tmp_path / "config"
+    path.write_text(content)
+    path.chmod(0o644)
+
+    result = run("clusters", "credentials", "train", "--file", str(path))
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert f"{path} is not a valid kubeconfig" in result.stderr
+    assert "left unchanged" in result.stderr
+    assert path.read_text() == content and _mode(path) == 0o644
+    assert api.requests == []  # nothing was issued
+
+
+def test_credentials_default_to_first_kubeconfig_path_then_home(
+    api: FakeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.serve_credentials("train")
+    first, second = tmp_path / "a" / "config", tmp_path / "b" / "config"
+    monkeypatch.setenv("KUBECONFIG", f"{first}{os.pathsep}{second}")
+
+    result = run("clusters", "credentials", "train")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f'wrote context "train" to {first} (use: kubectl get nodes)\n'
+    assert first.exists() and not second.exists()
+
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path / "home-dir"))
+    result = run("clusters", "credentials", "train")
+    assert result.exit_code == 0, result.output
+    default = tmp_path / "home-dir" / ".kube" / "config"
+    assert kubeconfig.load(default.read_text())["current-context"] == "train"
+    assert _mode(default.parent) == 0o700
+
+
+def test_credentials_json_output_is_the_api_object(api: FakeApi, tmp_path: Path) -> None:
+    api.serve_credentials("train")
+    path = tmp_path / "config"
+
+    result = run("clusters", "credentials", "train", "--file", str(path), "--output", "json")
+
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body == ClusterCredentials.model_validate(body).model_dump(mode="json")
+    assert (body["cluster"], body["context"], body["user"]) == ("train", "train", "alice")
+    assert kubeconfig.load(body["kubeconfig"])["current-context"] == "train"
+    assert f'wrote context "train" to {path}' in result.stderr
+    assert path.exists()
+
+
+def test_credentials_error_from_server_writes_nothing(api: FakeApi, tmp_path: Path) -> None:
+    api.on(
+        "POST",
+        "/v1/projects/default/clusters/train/credentials",
+        ok({"code": "invalid_state", "message": "cluster train is queued, not ready"}, 409),
+    )
+    path = tmp_path / "config"
+
+    result = run("clusters", "credentials", "train", "--file", str(path))
+
+    assert result.exit_code == 1
+    assert "error [invalid_state]: cluster train is queued, not ready" in result.stderr
+    assert not path.exists()

@@ -37,9 +37,17 @@ from gpuclusters.client import (
     ValidationError,
     WaitTimeoutError,
 )
+from gpuclusters.core import kubeconfig
 from gpuclusters.core.clientconfig import read_config, write_config
 from gpuclusters.core.enums import ClusterStatus, ClusterType, NodePhase
-from gpuclusters.core.models import Cluster, ClusterCreate, ClusterUpdate, Node, WhoAmI
+from gpuclusters.core.models import (
+    Cluster,
+    ClusterCreate,
+    ClusterCredentials,
+    ClusterUpdate,
+    Node,
+    WhoAmI,
+)
 from support.fake_api import FakeApi
 
 URL = "http://api.test"
@@ -215,6 +223,39 @@ def test_error_bodies_become_domain_errors(
     assert caught.value.code == code
     assert caught.value.message == "it went wrong"
     assert caught.value.field == "name"
+
+
+def test_credentials_posts_context_name_and_parses_the_kubeconfig(
+    api: FakeApi, client: Client
+) -> None:
+    api.serve_credentials("train", user="alice")
+
+    creds = client.clusters.credentials("train", context_name="lab-train")
+
+    assert isinstance(creds, ClusterCredentials)
+    assert (creds.cluster, creds.context, creds.user) == ("train", "lab-train", "alice")
+    config = kubeconfig.load(creds.kubeconfig)
+    assert config["current-context"] == "lab-train"
+    request = api.requests[0]
+    assert request.method == "POST"
+    assert request.url.path == "/v1/projects/default/clusters/train/credentials"
+    assert json.loads(request.content) == {"context_name": "lab-train"}
+
+    assert client.clusters.credentials("train").context == "train"
+    assert json.loads(api.requests[1].content) == {"context_name": None}
+
+
+def test_credentials_of_a_cluster_without_kubernetes_is_invalid_state(
+    api: FakeApi, client: Client
+) -> None:
+    api.on(
+        "POST",
+        "/v1/projects/default/clusters/train/credentials",
+        err(409, "invalid_state", message="cluster train is waiting_for_nodes, not ready"),
+    )
+
+    with pytest.raises(InvalidStateError, match="not ready"):
+        client.clusters.credentials("train")
 
 
 def test_unknown_error_code_stays_visible(api: FakeApi, client: Client) -> None:

@@ -234,7 +234,7 @@ def test_kill9_during_slurm_create_converges(server_factory: Servers) -> None:
     gpu_nodes = [r for r in state.values() if r["kind"] == "gpu"]
     services = sorted(r["role"] for r in state.values() if r["kind"] != "gpu")
     assert sorted(r["name"] for r in gpu_nodes) == sorted(n["name"] for n in nodes)
-    assert services == ["controller", "login"]
+    assert services == ["control-plane", "controller", "login"]
     ok(server, "clusters", "delete", "crash", "--wait")
     assert our_namespaces(server) == set()
     assert host_snapshot() == before

@@ -3,8 +3,16 @@
 Configuration comes from the environment the provider sets:
 ``GPUCLUSTERS_AGENT_NODE_FILE`` (the node's identity, JSON),
 ``GPUCLUSTERS_AGENT_SOCKET`` (the control plane's unix socket),
-``GPUCLUSTERS_AGENT_TOKEN_FILE`` (default /etc/gpuclusters/agent-token) and
-``GPUCLUSTERS_AGENT_INTERVAL_S`` (heartbeat period, default 5).
+``GPUCLUSTERS_AGENT_TOKEN_FILE`` (default /etc/gpuclusters/agent-token),
+``GPUCLUSTERS_AGENT_INTERVAL_S`` (heartbeat period, default 5),
+``GPUCLUSTERS_AGENT_DEVICE_PLUGIN`` ("0" turns the Kubernetes device plugin
+off; it is on by default) and ``GPUCLUSTERS_AGENT_DEVICE_PLUGIN_DIR`` (kubelet's
+device-plugin directory, default /var/lib/kubelet/device-plugins).
+
+On a node with GPUs the agent also runs the ``nvidia.com/gpu`` device plugin
+(``gpuclusters.agent.deviceplugin``) in background threads. It waits for
+kubelet's registration socket, so it is idle on nodes without Kubernetes, and
+it never takes the agent down: it logs and retries.
 
 Until the token file exists (the control plane writes it while the node
 bootstraps) the agent waits; a failed heartbeat is logged and retried at the
@@ -21,12 +29,39 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import httpx
 
-from gpuclusters.agent.gpus import SimulatedGpus
+from gpuclusters.agent.gpus import GpuBackend, SimulatedGpus
+
+if TYPE_CHECKING:
+    from gpuclusters.agent.deviceplugin import DevicePluginRunner
 
 log = logging.getLogger("gpuclusters.agent")
+
+
+def start_device_plugin(gpus: GpuBackend) -> DevicePluginRunner | None:
+    """Start the Kubernetes device plugin unless it is turned off or the node
+    has no GPUs. A failure to start is logged, never fatal."""
+    if os.environ.get("GPUCLUSTERS_AGENT_DEVICE_PLUGIN", "1") == "0":
+        log.info("device plugin turned off (GPUCLUSTERS_AGENT_DEVICE_PLUGIN=0)")
+        return None
+    if not any(g.present for g in gpus.inventory()):
+        log.info("no GPUs on this node; no device plugin")
+        return None
+    try:
+        from gpuclusters.agent.deviceplugin import DEFAULT_PLUGIN_DIR, DevicePluginRunner
+
+        plugin_dir = os.environ.get("GPUCLUSTERS_AGENT_DEVICE_PLUGIN_DIR")
+        runner = DevicePluginRunner(
+            gpus, plugin_dir=Path(plugin_dir) if plugin_dir else DEFAULT_PLUGIN_DIR
+        )
+        runner.start()
+    except Exception:
+        log.exception("device plugin failed to start; the agent carries on without it")
+        return None
+    return runner
 
 
 def main() -> None:
@@ -38,7 +73,7 @@ def main() -> None:
     )
     interval = float(os.environ.get("GPUCLUSTERS_AGENT_INTERVAL_S", "5"))
     node = json.loads(node_file.read_text())
-    gpus = SimulatedGpus(str(node.get("gpu_type", "")))
+    gpus = SimulatedGpus(str(node.get("gpu_type", "")), node_id=str(node["node_id"]))
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:
@@ -50,6 +85,7 @@ def main() -> None:
     client = httpx.Client(
         transport=httpx.HTTPTransport(uds=sock), base_url="http://control-plane", timeout=5
     )
+    plugin = start_device_plugin(gpus)
     seq = 0
     while not stop.is_set():
         try:
@@ -74,6 +110,8 @@ def main() -> None:
                 log.warning("heartbeat failed: %s", exc)
         stop.wait(interval)
     client.close()
+    if plugin is not None:
+        plugin.stop()
     log.info("agent stopped")
 
 

@@ -1,16 +1,28 @@
 """GPU backends. ``SimulatedGpus`` stands in where no GPU exists: it reports
 the node's device nodes as healthy GPUs of the node's type. The NVML backend
 (real GPUs) lands with the health-check work and implements the same
-``GpuBackend`` protocol."""
+``GpuBackend`` protocol.
+
+Every GPU carries a ``uuid`` in NVIDIA's format
+(``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``): the Kubernetes device plugin
+advertises GPUs by it and containers see it in ``NVIDIA_VISIBLE_DEVICES``. A
+real GPU's UUID comes from NVML; a simulated GPU's is derived from the node's
+identity and the GPU's index, so it is stable across agent restarts and
+distinct between nodes and between the GPUs of one node.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from gpuclusters.core.catalog import GPU_TYPES
+
+MACHINE_ID_FILE = Path("/etc/machine-id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +32,7 @@ class GpuInfo:
     memory_gib: int
     device: str
     present: bool
+    uuid: str
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -29,11 +42,39 @@ class GpuBackend(Protocol):
     def inventory(self) -> list[GpuInfo]: ...
 
 
+def simulated_gpu_uuid(node_key: str, index: int) -> str:
+    """A stable NVIDIA-style UUID for simulated GPU ``index`` of the node
+    identified by ``node_key`` (its node id, or its machine-id)."""
+    h = hashlib.sha256(f"gpuclusters-simulated-gpu\0{node_key}\0{index}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _machine_key() -> str:
+    try:
+        key = MACHINE_ID_FILE.read_text().strip()
+    except OSError:
+        key = ""
+    return key or socket.gethostname()
+
+
 class SimulatedGpus:
-    def __init__(self, gpu_type: str, *, dev_dir: Path = Path("/dev"), count: int = 8) -> None:
+    """``count`` GPUs of ``gpu_type``; GPU *i* is present while
+    ``<dev_dir>/nvidia<i>`` exists. ``node_id`` seeds the GPUs' UUIDs; without
+    it the machine-id (else the hostname) does."""
+
+    def __init__(
+        self,
+        gpu_type: str,
+        *,
+        dev_dir: Path = Path("/dev"),
+        count: int = 8,
+        node_id: str | None = None,
+    ) -> None:
         self.gpu_type = gpu_type
         self.dev_dir = dev_dir
         self.count = count
+        self.node_key = node_id or _machine_key()
+        self._uuids = [simulated_gpu_uuid(self.node_key, i) for i in range(count)]
 
     def inventory(self) -> list[GpuInfo]:
         spec = GPU_TYPES.get(self.gpu_type)
@@ -48,6 +89,7 @@ class SimulatedGpus:
                     memory_gib=memory,
                     device=str(dev),
                     present=os.path.exists(dev),
+                    uuid=self._uuids[i],
                 )
             )
         return out

@@ -1,15 +1,22 @@
-"""``gpuclusters clusters ...``: create, list, get, scale, delete.
+"""``gpuclusters clusters ...``: create, list, get, scale, delete, ssh,
+configure, credentials.
 
 Request bodies are built as plain dicts and validated by the server, so the
 CLI shows exactly the API's ``invalid_input`` messages and never drifts from
 the server's rules. ``--wait`` polls through :meth:`ClustersAPI.wait` with a
 :class:`~gpuclusters.cli.progress.WaitProgress` on stderr, then prints the
 final object on stdout; a failed cluster exits with status 1.
+
+``credentials`` fetches a kubeconfig and merges it into a kubeconfig file
+(:mod:`gpuclusters.cli.kubefile`, :mod:`gpuclusters.core.kubeconfig`); the
+existing file is checked before anything is fetched, and only the cluster's
+own entries change.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from enum import StrEnum
@@ -20,7 +27,7 @@ import typer
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from gpuclusters.cli import context
+from gpuclusters.cli import context, kubefile
 from gpuclusters.cli.context import OutputFormat, OutputOpt, ProjectOpt, api_command, open_client
 from gpuclusters.cli.nodes import nodes_table
 from gpuclusters.cli.progress import WaitProgress
@@ -36,6 +43,8 @@ from gpuclusters.cli.render import (
     state,
     table,
 )
+from gpuclusters.client.errors import UnexpectedResponseError
+from gpuclusters.core import kubeconfig
 from gpuclusters.core.enums import BillingType, ClusterType, NodePhase
 from gpuclusters.core.models import Cluster
 
@@ -380,3 +389,70 @@ def configure(
                 settings[key] = value
         cluster = client.clusters.update(name, {"slurm": settings})
     _show(output, cluster)
+
+
+@app.command("credentials")
+@api_command
+def credentials(
+    name: Annotated[str, typer.Argument()],
+    *,
+    file: Annotated[
+        str | None,
+        typer.Option(
+            "--file",
+            "-f",
+            metavar="PATH|-",
+            help="kubeconfig file to merge into, or - to print the kubeconfig "
+            "(default: the first path in $KUBECONFIG, else ~/.kube/config)",
+            show_default=False,
+        ),
+    ] = None,
+    context_name: Annotated[
+        str | None,
+        typer.Option(
+            "--context-name",
+            help="name of the context (default: the cluster's name)",
+            show_default=False,
+        ),
+    ] = None,
+    set_default_context: Annotated[
+        bool,
+        typer.Option(
+            "--set-default-context",
+            help="make it the file's current context (otherwise only if the file has none)",
+        ),
+    ] = False,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Get a kubeconfig for yourself on the cluster's Kubernetes API and merge
+    it into your kubeconfig file (other contexts are kept)."""
+    path = None if file == "-" else Path(file).expanduser() if file else kubefile.default_path()
+    # Refuse a file we could not merge into before a credential is issued.
+    existing = kubefile.read(path) if path is not None else None
+    with open_client(project) as client:
+        creds = client.clusters.credentials(name, context_name=context_name)
+    if path is None or existing is None:
+        if output is OutputFormat.JSON:
+            print_json(creds)
+        else:
+            typer.echo(creds.kubeconfig, nl=not creds.kubeconfig.endswith("\n"))
+        return
+    try:
+        new = kubeconfig.load(creds.kubeconfig)
+    except ValueError as exc:
+        raise UnexpectedResponseError(f"the server sent an invalid kubeconfig: {exc}") from exc
+    merged = kubeconfig.merge(existing, new, set_current=set_default_context)
+    kubefile.write(path, kubeconfig.dump(merged))
+
+    use = ["kubectl"]
+    if file:
+        use += ["--kubeconfig", str(path)]
+    if merged["current-context"] != creds.context:
+        use += ["--context", creds.context]
+    line = f'wrote context "{creds.context}" to {path} (use: {shlex.join([*use, "get", "nodes"])})'
+    if output is OutputFormat.JSON:
+        print_json(creds)
+        context.stderr_console().print(Text(line), soft_wrap=True)
+    else:
+        typer.echo(line)

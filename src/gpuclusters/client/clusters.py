@@ -32,7 +32,13 @@ from gpuclusters.client._session import Session, body_of
 from gpuclusters.client.errors import ClusterFailedError, WaitTimeoutError
 from gpuclusters.core.enums import ClusterStatus
 from gpuclusters.core.errors import InvalidStateError, NotFoundError
-from gpuclusters.core.models import Cluster, ClusterCreate, ClusterUpdate, SshTarget
+from gpuclusters.core.models import (
+    Cluster,
+    ClusterCreate,
+    ClusterCredentials,
+    ClusterUpdate,
+    SshTarget,
+)
 
 WaitGoal = Literal["ready", "deleted"]
 OnChange = Callable[[Cluster], None]
@@ -97,6 +103,18 @@ class ClustersAPI:
             model=SshTarget,
             params={"node": node},
             json={"command": command or []},
+        )
+
+    def credentials(self, name: str, *, context_name: str | None = None) -> ClusterCredentials:
+        """A kubeconfig (YAML text in ``.kubeconfig``) for the caller on the
+        cluster's Kubernetes API; its context is named ``context_name``
+        (default: the cluster's name). Raises :class:`InvalidStateError`
+        while the cluster is not ready or has no Kubernetes."""
+        return self._s.send(
+            "POST",
+            self._s.project_path("clusters", name, "credentials"),
+            model=ClusterCredentials,
+            json={"context_name": context_name},
         )
 
     @overload

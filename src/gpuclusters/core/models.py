@@ -371,3 +371,37 @@ class SshTarget(_Out):
     node: str
     user: str
     argv: list[str]
+
+
+_CONTEXT_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._@:/+-]{0,251}[A-Za-z0-9])?")
+CONTEXT_NAME_RULE = (
+    "must be 1-253 characters of letters, digits and . _ @ : / + -, "
+    "starting and ending with a letter or digit"
+)
+
+
+class CredentialsRequest(_Model):
+    """Options for ``POST .../clusters/{name}/credentials`` (the body may be
+    omitted)."""
+
+    context_name: str | None = Field(
+        default=None, description="name the kubeconfig context (default: the cluster's name)"
+    )
+
+    @field_validator("context_name")
+    @classmethod
+    def _check_context_name(cls, value: str | None) -> str | None:
+        if value is not None and not _CONTEXT_NAME_RE.fullmatch(value):
+            raise ValueError(CONTEXT_NAME_RULE)
+        return value
+
+
+class ClusterCredentials(_Out):
+    """A kubeconfig for the caller on the cluster's Kubernetes API: the
+    context (and its cluster and user entries, ``<context>`` and
+    ``<user>@<context>``) is current; certificates are embedded."""
+
+    cluster: str
+    context: str
+    user: str
+    kubeconfig: str

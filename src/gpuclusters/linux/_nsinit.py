@@ -16,6 +16,8 @@ root in ``spec.root`` (a per-node directory on the host) and pivots into it:
     /etc /var         overlayfs: host dir below, per-node upper above
     /run              fresh tmpfs; /run/gpuclusters = host's run_dir
     /tmp /scratch     per-node host dirs
+    binds             per-node host dirs over paths in the /var overlay
+                      (/var/lib/containerd, /var/lib/kubelet)
     /mnt/shared       the cluster's volume (if any)
     /root /home /mnt  plain dirs of spec.root (per node, survive reboot)
     /dev              tmpfs: null zero full random urandom tty kmsg bound
@@ -202,6 +204,9 @@ def boot(spec: dict[str, Any]) -> None:
     for ov in spec["overlays"]:
         opts = f"lowerdir={ov['lower']},upperdir={ov['upper']},workdir={ov['work']}"
         mount("overlay", at(ov["target"]), "overlay", 0, opts)
+    for sb in spec.get("binds", []):
+        os.makedirs(at(sb["target"]), exist_ok=True)
+        bind(sb["source"], at(sb["target"]))
     for eb in spec.get("etc_binds", []):
         target = at(eb["target"])
         if not os.path.exists(target):

@@ -10,7 +10,12 @@ host veth                    ``gpcv<id[:8]>`` (node side is ``eth0``)
 mount + UTS namespaces       ``<ns_dir>/<id>.mnt``, ``<ns_dir>/<id>.uts``
 node directory               ``<home>/nodes/<id>/``: ``root/`` (the node's
                              ``/``), ``upper/{etc,var}`` + ``work/{etc,var}``
-                             (overlay layers), ``tmp/``, ``scratch/``
+                             (overlay layers), ``tmp/``, ``scratch/``,
+                             ``state/<name>`` (bound rw at the paths in
+                             ``STATE_DIRS``: container and kubelet state on a
+                             real filesystem, since overlayfs cannot nest)
+cgroups                      ``/sys/fs/cgroup/<controller>/gpc-<id[:12]>``:
+                             the node's kubelet cgroup root (containers)
 cluster bridge               ``gpcb<cluster_id[:8]>``, ``10.231.<i>.1/24``
 ==========================  ===============================================
 
@@ -35,6 +40,12 @@ NODE_ENV = {
     "HOME": "/root",
     "LANG": "C.UTF-8",
 }
+# Per-node directories bound read-write over these paths inside the node:
+# containerd's overlayfs snapshots cannot live on the node's /var overlay
+# (overlayfs refuses an upper dir on overlayfs), and kubelet's pod volumes
+# belong beside them. Wiped on reprovision, like the rest of the node's disk.
+STATE_DIRS = {"containerd": "/var/lib/containerd", "kubelet": "/var/lib/kubelet"}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 FIRST_NODE_HOST = 10  # .1 is the host's address on the bridge; .2-.9 stay free
 LAST_NODE_HOST = 254
 
@@ -132,6 +143,17 @@ class NodeLayout:
     @property
     def scratch(self) -> Path:
         return self.dir / "scratch"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state"
+
+    @property
+    def cgroup_name(self) -> str:
+        """The node's cgroup (below each v1 controller's root): the cgroup
+        root its kubelet puts pods under, so several kubelets share one kernel
+        without sharing cgroups, and power-off finds every container."""
+        return "gpc-" + self.node_id[:12]
 
     def nsenter_args(self) -> list[str]:
         """The ``nsenter`` options that put a command inside this node."""

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.linux import network, procs, sysmount
-from gpuclusters.linux.layout import NODE_ENV, NodeLayout
+from gpuclusters.linux.layout import NODE_ENV, STATE_DIRS, NodeLayout
 from gpuclusters.linux.run import CommandError, run
 
 NSINIT = Path(__file__).with_name("_nsinit.py")
@@ -124,6 +124,10 @@ def _prepare_dirs(b: NodeBoot) -> None:
     for path in (node.tmp, node.scratch):
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o1777)
+    for name in STATE_DIRS:
+        (node.state / name).mkdir(parents=True, mode=0o700, exist_ok=True)
+    if b.gpus:
+        procs.make_cgroup(node.cgroup_name)
     etc = node.upper("etc")
     (etc / "gpuclusters").mkdir(parents=True, exist_ok=True)
     (node.upper("var") / "log" / "gpuclusters").mkdir(parents=True, exist_ok=True)
@@ -169,6 +173,10 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
         "shares": [str(p) for p in b.shares],
         "daemons": [
             {"name": d.name, "argv": list(d.argv), "env": {**NODE_ENV, **d.env}} for d in b.daemons
+        ],
+        "binds": [
+            {"source": str(node.state / name), "target": target}
+            for name, target in STATE_DIRS.items()
         ],
         "etc_binds": [
             {"source": str(src), "target": target}
@@ -248,7 +256,11 @@ def _unpin(node: NodeLayout) -> None:
 
 
 def _power_off(node: NodeLayout) -> int:
-    killed = procs.kill_all(_ns_ids(node))
+    # Containers have namespaces of their own: they are found by cgroup.
+    killed = procs.kill_cgroup(node.cgroup_name)
+    killed += procs.kill_all(_ns_ids(node))
+    killed += procs.kill_cgroup(node.cgroup_name)  # started while we killed
+    procs.remove_cgroup(node.cgroup_name)
     _unpin(node)
     return killed
 
@@ -261,7 +273,14 @@ async def power_off(node: NodeLayout) -> int:
 
 def _wipe(node: NodeLayout) -> None:
     _refuse_if_mounted(node.dir)
-    for path in (node.root, node.dir / "upper", node.dir / "work", node.tmp, node.scratch):
+    for path in (
+        node.root,
+        node.dir / "upper",
+        node.dir / "work",
+        node.tmp,
+        node.scratch,
+        node.state,
+    ):
         shutil.rmtree(path, ignore_errors=True)
         if path.exists():
             raise MachineError(f"cannot remove {path}")

@@ -6,6 +6,11 @@ network or mount namespace is the node's: the same scan ``ip netns pids``
 does, over ``/proc/*/ns/{net,mnt}``, matched by namespace (device, inode).
 A process that entered only one of the two is still caught.
 
+Containers a node's kubelet starts have namespaces of their own, so they
+are found by cgroup instead: everything below the node's cgroup name
+(``/sys/fs/cgroup/<controller>/gpc-<id>``) in any v1 controller. Those
+cgroup directories are removed once empty, deepest first.
+
 Blocking; callers use ``asyncio.to_thread``.
 """
 
@@ -14,6 +19,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 NsId = tuple[int, int]
 
@@ -59,3 +67,84 @@ def kill_all(namespaces: set[NsId], *, timeout_s: float = 5.0) -> int:
         # Death is asynchronous: the namespaces are released during exit.
         time.sleep(0.005)
     return len(killed)
+
+
+def _cgroup_dirs(name: str, root: Path = CGROUP_ROOT) -> list[Path]:
+    """Every directory of cgroup ``name`` in every mounted hierarchy,
+    deepest first."""
+    found: list[Path] = []
+    if not root.is_dir():
+        return found
+    for hierarchy in root.iterdir():
+        top = hierarchy / name
+        if not top.is_dir() or top.is_symlink():
+            continue
+        for dirpath, _dirs, _files in os.walk(top):
+            found.append(Path(dirpath))
+    found.sort(key=lambda p: len(p.parts), reverse=True)
+    return found
+
+
+def make_cgroup(name: str, root: Path = CGROUP_ROOT) -> None:
+    """Create cgroup ``name`` under every v1 controller (kubelet refuses a
+    cgroup root that does not exist). A new cpuset cgroup starts with no
+    CPUs and no memory nodes: it gets its parent's, or nothing could join it."""
+    if not root.is_dir():
+        return
+    for hierarchy in root.iterdir():
+        if hierarchy.is_symlink() or not (hierarchy / "cgroup.procs").exists():
+            continue
+        if hierarchy.name == "unified":
+            continue  # the v2 hierarchy of a hybrid setup holds no controllers
+        top = hierarchy / name
+        top.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            mine = top / knob
+            if mine.exists() and not mine.read_text().strip():
+                mine.write_text((hierarchy / knob).read_text())
+
+
+def cgroup_pids(name: str, root: Path = CGROUP_ROOT) -> set[int]:
+    pids: set[int] = set()
+    for d in _cgroup_dirs(name, root):
+        try:
+            text = (d / "cgroup.procs").read_text()
+        except OSError:
+            continue
+        pids.update(int(x) for x in text.split())
+    pids.discard(os.getpid())
+    return pids
+
+
+def kill_cgroup(name: str, *, timeout_s: float = 5.0, root: Path = CGROUP_ROOT) -> int:
+    """SIGKILL every process in cgroup ``name`` (and below) until none is left."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while pids := cgroup_pids(name, root):
+        if time.monotonic() > deadline:
+            raise ProcessesSurviveError(f"processes survive SIGKILL: {sorted(pids)[:20]}")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+    return len(killed)
+
+
+def remove_cgroup(name: str, *, timeout_s: float = 5.0, root: Path = CGROUP_ROOT) -> None:
+    """rmdir the (empty) cgroup tree ``name`` in every hierarchy. A cgroup
+    whose last process is still exiting refuses with EBUSY for a moment."""
+    deadline = time.monotonic() + timeout_s
+    for d in _cgroup_dirs(name, root):
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)

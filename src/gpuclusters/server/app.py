@@ -86,7 +86,7 @@ async def build_runtime(settings: Settings) -> Runtime:
         sessionmaker=make_sessionmaker(engine),
         provider=provider,
         volumes=VolumeStore(settings.home / "volumes"),
-        layers=layers_for_provider(provider),
+        layers=layers_for_provider(provider, k8s_bin_dir=settings.k8s_bin),
     )
     async with rt.sessionmaker() as session:
         await sync_hosts(session, await provider.hosts())

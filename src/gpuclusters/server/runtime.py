@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gpuclusters.core.enums import ClusterType
 from gpuclusters.core.nodeshell import NodeAccess
-from gpuclusters.layers.bare.layer import BareLayer
 from gpuclusters.layers.base import ClusterLayer
+from gpuclusters.layers.combined import SlurmAndKubernetesLayer
+from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
+from gpuclusters.layers.kubernetes.layer import KubernetesLayer
 from gpuclusters.layers.noop.layer import NoopLayer
 from gpuclusters.layers.slurm.layer import SlurmLayer
 from gpuclusters.providers.base import NodeProvider
@@ -46,15 +49,18 @@ class Runtime:
         return self.layers[ClusterType(cluster_type)]
 
 
-def layers_for_provider(provider: NodeProvider) -> dict[ClusterType, ClusterLayer]:
+def layers_for_provider(
+    provider: NodeProvider, *, k8s_bin_dir: Path | None = None
+) -> dict[ClusterType, ClusterLayer]:
     """Which orchestrator layers run over this provider's nodes. Providers
-    with shells on their nodes (netns) get real Slurm; Kubernetes clusters get
-    bare nodes with accounts until the Kubernetes layer lands. Fake nodes are
-    bookkeeping only, so they get the no-op layer for every type."""
+    with shells on their nodes (netns) get real Kubernetes on every cluster,
+    with Slurm on top for Slurm clusters. Fake nodes are bookkeeping only, so
+    they get the no-op layer for every type."""
     if isinstance(provider, NodeAccess):
+        kubernetes = KubernetesLayer(provider, bin_dir=k8s_bin_dir or DEFAULT_BIN_DIR)
         return {
-            ClusterType.KUBERNETES: BareLayer(provider),
-            ClusterType.SLURM: SlurmLayer(provider),
+            ClusterType.KUBERNETES: kubernetes,
+            ClusterType.SLURM: SlurmAndKubernetesLayer(SlurmLayer(provider), kubernetes),
         }
     noop = NoopLayer()
     return {ClusterType.KUBERNETES: noop, ClusterType.SLURM: noop}

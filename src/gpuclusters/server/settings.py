@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     fleet_file: Path | None = None
     fake_boot_delay_s: float = Field(default=1.0, ge=0)
     fake_fail_hosts: list[str] = Field(default_factory=list)
+    k8s_bin: Path | None = Field(
+        default=None,
+        description="directory with the Kubernetes and etcd binaries "
+        "(default: the scripts/build-k8s cache); must be visible inside nodes",
+    )
 
     # Controllers.
     reconcile_interval_s: float = Field(default=2.0, gt=0, description="poll period without hints")

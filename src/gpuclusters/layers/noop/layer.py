@@ -39,6 +39,6 @@ class NoopLayer(ClusterLayer):
 
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         raise InvalidStateError(
-            f"cluster {cluster.name} runs on the fake provider, which has no Kubernetes API; "
-            "use the netns provider for real clusters"
+            f"cluster {cluster.name} has no Kubernetes control plane on this provider "
+            "(fake nodes are bookkeeping only; use the netns provider for real clusters)"
         )

@@ -26,10 +26,8 @@ step later); Slurm refusing a node delete because jobs still run is a
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
 from gpuclusters.core.nodeshell import CommandResult, NodeShell
 from gpuclusters.layers.base import LayerError
@@ -43,44 +41,12 @@ from gpuclusters.layers.slurm.status import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from gpuclusters.layers.waiting import ok as _ok
+from gpuclusters.layers.waiting import wait_for as wait_for
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 REASON_PREFIX = "gpuclusters:"
-
-
-# --- waiting --------------------------------------------------------------------------------
-
-
-async def wait_for(
-    probe: Callable[[], Awaitable[T | None]],
-    *,
-    what: str,
-    timeout_s: float,
-    first_delay_s: float = 0.02,
-    max_delay_s: float = 0.05,
-) -> T:
-    """Call ``probe`` until it returns something other than None; backoff x1.5."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    delay = first_delay_s
-    while True:
-        result = await probe()
-        if result is not None:
-            return result
-        left = deadline - loop.time()
-        if left <= 0:
-            raise LayerError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(min(delay, left))
-        delay = min(delay * 1.5, max_delay_s)
-
-
-async def _ok(shell: NodeShell, argv: Sequence[str], timeout_s: float = 10.0) -> bool | None:
-    """True when the command exits 0, None otherwise (a probe for ``wait_for``)."""
-    result = await shell.run(argv, check=False, timeout_s=timeout_s)
-    return True if result.returncode == 0 else None
 
 
 # --- shared pieces ----------------------------------------------------------------------------

@@ -210,6 +210,15 @@ class NetnsNodeProvider(NodeProvider):
         self, rec: NodeRecord, net: ClusterNetwork, shared: Path | None, daemons: tuple[Daemon, ...]
     ) -> NodeBoot:
         host = self._hosts.get(rec.host) if rec.host else None
+        info = rec.node_info()
+        if rec.kind == "gpu":
+            # What orchestrator layers read from /etc/gpuclusters/node.json:
+            # the cgroup their node's containers go under (made at boot,
+            # removed at power-off) and the host's place in the fabric.
+            info["cgroup_root"] = "/" + rec.layout.cgroup_name
+            if host is not None:
+                info["ib_island"] = host.ib_island
+                info["nvme_gib"] = host.nvme_gib
         return NodeBoot(
             layout=rec.layout,
             hostname=rec.hostname,
@@ -218,7 +227,7 @@ class NetnsNodeProvider(NodeProvider):
             run_dir=self._cfg.run_dir,
             gpus=(host.num_gpus if host else 8) if rec.kind == "gpu" else 0,
             shared_dir=shared,
-            node_info=rec.node_info(),
+            node_info=info,
             masks=(self._cfg.home,),
             shares=self._cfg.shares,
             daemons=daemons,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body
 
 from gpuclusters.core import models as api
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
-from gpuclusters.server.services import clusters, nodes, ssh
+from gpuclusters.server.services import clusters, credentials, nodes, ssh
 
 router = APIRouter(prefix="/v1/projects/{project}")
 
@@ -91,6 +91,25 @@ async def ssh_target(
         cluster_name=name,
         node_name=node,
         command=command or [],
+    )
+
+
+@router.post("/clusters/{name}/credentials", response_model=api.ClusterCredentials)
+async def cluster_credentials(
+    project: str,
+    name: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+    body: Annotated[api.CredentialsRequest | None, Body()] = None,
+) -> api.ClusterCredentials:
+    return await credentials.cluster_credentials(
+        session,
+        rt=rt,
+        principal=principal,
+        project_name=project,
+        cluster_name=name,
+        context_name=body.context_name if body is not None else None,
     )
 
 

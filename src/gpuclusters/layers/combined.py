@@ -1,0 +1,83 @@
+"""Slurm clusters run Kubernetes too: every GPU node is a Slurm compute node
+*and* a kubelet node, so a user can ``sbatch`` and ``kubectl apply`` on the
+same cluster (operators, Kueue, webhooks on the Kubernetes side; batch jobs
+on the Slurm side).
+
+This layer runs the two layers side by side. Control planes come up
+concurrently (they live on different service nodes); a node has joined once
+both orchestrators list it; cordon, drain and removal go to both (a node is
+empty only when neither has work on it); a drain a user set in either
+counts as a user's cordon. Configuration (slurm.conf extras, prolog,
+epilog) is Slurm's, users' RBAC is reconciled on both; credentials are
+Kubernetes'.
+
+Both orchestrators see all of the node's 8 GPUs: this layer does not
+partition them. Work placed by both at once on one node shares its GPUs,
+as on any cluster where two schedulers manage the same machines; a site
+that mixes them keeps them apart with a Slurm partition or a node label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+
+from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
+from gpuclusters.layers.kubernetes.layer import KubernetesLayer
+from gpuclusters.layers.slurm.layer import SlurmLayer
+
+
+class SlurmAndKubernetesLayer(ClusterLayer):
+    def __init__(self, slurm: SlurmLayer, kubernetes: KubernetesLayer) -> None:
+        self.slurm = slurm
+        self.kubernetes = kubernetes
+
+    async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
+        done = await asyncio.gather(
+            self.slurm.ensure_control_plane(cluster),
+            self.kubernetes.ensure_control_plane(cluster),
+        )
+        return all(done)
+
+    async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        # Slurm first: it makes the members' accounts and the /home bind that
+        # users expect on a node that reads as joined.
+        if not await self.slurm.join_node(cluster, node):
+            return False
+        return await self.kubernetes.join_node(cluster, node)
+
+    async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
+        await asyncio.gather(
+            self.slurm.cordon(cluster, node, reason=reason),
+            self.kubernetes.cordon(cluster, node, reason=reason),
+        )
+
+    async def drain(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        empty = await asyncio.gather(
+            self.slurm.drain(cluster, node, reason=reason, deadline=deadline),
+            self.kubernetes.drain(cluster, node, reason=reason, deadline=deadline),
+        )
+        return all(empty)
+
+    async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        if await self.slurm.is_cordoned(cluster, node):
+            return True
+        return await self.kubernetes.is_cordoned(cluster, node)
+
+    async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
+        await self.kubernetes.remove_node(cluster, node)
+        await self.slurm.remove_node(cluster, node)
+
+    async def delete(self, cluster: ClusterRef) -> None:
+        # Both layers' service nodes belong to the cluster: one call removes all.
+        await self.slurm.delete(cluster)
+
+    async def apply_config(self, cluster: ClusterRef) -> None:
+        await asyncio.gather(
+            self.slurm.apply_config(cluster), self.kubernetes.apply_config(cluster)
+        )
+
+    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
+        return await self.kubernetes.credentials(cluster, user=user, admin=admin)

@@ -1,0 +1,571 @@
+"""Kubernetes on a cluster's nodes: versions, paths, flags and files (pure; no I/O).
+
+Everything a node runs is rendered here from a ``K8sSpec`` (cluster-wide)
+and a ``K8sNode`` (one node), so the same inputs always give the same
+bytes, and the stack writes a file (or restarts a daemon) only when it
+changed. Choices, and why:
+
+* **Release 1.34** (``K8S_VERSION``): this kernel mounts cgroup v1, which
+  1.35 refuses by default, and Debian 12's containerd is 1.6, which 1.35 is
+  the last to support. ``failCgroupV1: false`` is set anyway, explicitly.
+* **One control-plane node per cluster** running etcd (plain HTTP on the
+  node's loopback only: nothing else can reach it), kube-apiserver
+  (``Node,RBAC``, NodeRestriction), kube-controller-manager and
+  kube-scheduler, without leader election (one replica each).
+* **Per-cluster PKI** (``pki``): a CA of the cluster's own, serving and
+  client certificates per component, per-user client certificates.
+* **Nodes**: containerd with runc (cgroupfs driver), kubelet with its own
+  cgroup root (several kubelets share this kernel), Debian's CNI plugins
+  (bridge + host-local + portmap) and kube-proxy in iptables mode.
+* **Pod network**: node ``10.231.<n>.<h>`` gets pod CIDR ``10.244.<h>.0/24``
+  (unique within the cluster, known before the node registers, so the CNI
+  file exists when kubelet starts and the node is Ready at once); every
+  member of the cluster (control plane included) routes each node's pod
+  CIDR to that node. No masquerading inside the cluster; clusters share no
+  network, so every cluster can use the same ranges.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+K8S_VERSION = "1.34.4"
+DEFAULT_CACHE = Path("/var/cache/gpuclusters/k8s")
+DEFAULT_BIN_DIR = DEFAULT_CACHE / f"v{K8S_VERSION}" / "bin"
+
+SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")
+CLUSTER_CIDR = ipaddress.IPv4Network("10.244.0.0/16")
+API_PORT = 6443
+CLUSTER_DOMAIN = "cluster.local"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Labels every node carries (kubelet may set labels outside the
+# kubernetes.io / k8s.io namespaces on its own node).
+LABEL_COMPUTE_CLASS = "gpuclusters.io/compute-class"
+LABEL_GPU_TYPE = "gpuclusters.io/gpu-type"
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
+LABEL_IB_ISLAND = "gpuclusters.io/ib-island"
+# Our cordons carry this annotation; a cordon without it is a user's.
+CORDON_ANNOTATION = "gpuclusters.io/cordoned-by"
+
+SHARED_STORAGE_CLASS = "shared-volume"
+SHARED_PV = "shared-volume"
+SHARED_PVC = "shared-volume"
+LOCAL_STORAGE_CLASS = "local-storage-class"
+
+# Daemon names (NodeShell.spawn): logs at /var/log/gpuclusters/<name>.log.
+ETCD = "etcd"
+APISERVER = "kube-apiserver"
+CONTROLLER_MANAGER = "kube-controller-manager"
+SCHEDULER = "kube-scheduler"
+CONTAINERD = "containerd"
+KUBELET = "kubelet"
+KUBE_PROXY = "kube-proxy"
+
+ETC = "/etc/kubernetes"
+PKI = f"{ETC}/pki"
+ADMIN_CONF = f"{ETC}/admin.conf"
+CONTAINERD_CONF = "/etc/containerd/config.toml"
+CONTAINERD_SOCK = "/run/containerd/containerd.sock"
+CNI_CONF = "/etc/cni/net.d/10-gpuclusters.conflist"
+IMAGES_DIR = "/var/lib/gpuclusters/images"
+ETCD_DATA = "/var/lib/etcd"
+REGISTRY = "image-registry"
+REGISTRY_LISTEN = "127.0.0.1:5000"
+# Values kubelet insists on for these kernel settings (it writes them at
+# start). They are global in a shared kernel, so each node is shown a file
+# holding the expected value instead, and the host's settings never change.
+KUBELET_SYSCTLS = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
+SYSCTL_SHADOW_DIR = "/etc/gpuclusters/k8s-sysctl"
+
+
+@dataclass(frozen=True, slots=True)
+class K8sSpec:
+    """One cluster's Kubernetes, as every node sees it."""
+
+    cluster_name: str
+    api_address: str  # the control-plane node's address
+    api_hostname: str
+    bin_dir: str = str(DEFAULT_BIN_DIR)
+    version: str = K8S_VERSION
+
+    @property
+    def server(self) -> str:
+        return f"https://{self.api_address}:{API_PORT}"
+
+    def bin(self, name: str) -> str:
+        return f"{self.bin_dir}/{name}"
+
+    @property
+    def pause_image(self) -> str:
+        return f"localhost/gpuclusters-pause:v{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class K8sNode:
+    """One GPU node, as its kubelet and kube-proxy see it."""
+
+    name: str
+    address: str
+    cgroup_root: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pod_cidr(self) -> str:
+        return pod_cidr_for(self.address)
+
+
+def pod_cidr_for(address: str) -> str:
+    """``10.244.<h>.0/24`` for node address ``a.b.c.<h>``."""
+    host_part = int(ipaddress.IPv4Address(address)) & 0xFF
+    return str(ipaddress.IPv4Network((int(CLUSTER_CIDR.network_address) + (host_part << 8), 24)))
+
+
+def api_service_ip() -> str:
+    """The ``kubernetes`` Service's ClusterIP: the first of the service range."""
+    return str(SERVICE_CIDR.network_address + 1)
+
+
+def node_labels(*, compute_class: str, gpu_type: str, ib_island: str | None) -> dict[str, str]:
+    labels = {
+        LABEL_COMPUTE_CLASS: compute_class,
+        LABEL_GPU_TYPE: gpu_type,
+        LABEL_GPU_PRODUCT: gpu_type,
+    }
+    if ib_island:
+        labels[LABEL_IB_ISLAND] = ib_island
+    return labels
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def pki_path(name: str) -> str:
+    return f"{PKI}/{name}"
+
+
+def component_kubeconfig(spec: K8sSpec, *, user: str, cert: str, key: str) -> str:
+    """A kubeconfig for one of our components (certificate files on the node)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": spec.cluster_name,
+                "cluster": {"server": spec.server, "certificate-authority": pki_path("ca.crt")},
+            }
+        ],
+        "users": [{"name": user, "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "default", "context": {"cluster": spec.cluster_name, "user": user}}],
+        "current-context": "default",
+    }
+    return json.dumps(config, indent=1) + "\n"
+
+
+def containerd_config(spec: K8sSpec) -> str:
+    """containerd 1.6 (config version 2): CRI with runc on cgroupfs, our pause image."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+# Snapshotters that cannot work here, and the /opt plugin (/opt is read-only
+# in a node), would only log errors at every start.
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.opt",
+]
+
+[grpc]
+  address = "{CONTAINERD_SOCK}"
+
+[{cri}]
+  sandbox_image = "{spec.pause_image}"
+  disable_apparmor = true
+  # Never ask for an oom_score_adj below containerd's own: lowering it needs
+  # CAP_SYS_RESOURCE, which some hosts (this one) withhold even from root.
+  restrict_oom_score_adj = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+  # Images named localhost/... come from the node's own read-only registry
+  # (``registry``), which serves the images imported here: a ":latest"
+  # image is pulled on every pod start and must resolve.
+  [{cri}.registry.mirrors."localhost"]
+    endpoint = ["http://{REGISTRY_LISTEN}"]
+"""
+
+
+def cni_conflist(node: K8sNode) -> str:
+    conf = {
+        "cniVersion": "0.4.0",
+        "name": "gpuclusters",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": node.pod_cidr}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+    return json.dumps(conf, indent=1) + "\n"
+
+
+def kubelet_config(spec: K8sSpec, node: K8sNode) -> str:
+    config: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": node.address,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": pki_path("ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "tlsCertFile": pki_path("kubelet.crt"),
+        "tlsPrivateKeyFile": pki_path("kubelet.key"),
+        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCK}",
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": node.cgroup_root,
+        "cgroupsPerQOS": True,
+        "enforceNodeAllocatable": ["pods"],
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "clusterDomain": CLUSTER_DOMAIN,
+        "resolvConf": "/etc/resolv.conf",
+        "volumePluginDir": "/var/lib/kubelet/volume-plugins",
+        # Images are imported, not pulled: image GC must never remove them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "registerNode": True,
+        "staticPodPath": "",
+        # Lowering oom_score_adj needs CAP_SYS_RESOURCE (see containerd_config).
+        "oomScoreAdj": 0,
+    }
+    return json.dumps(config, indent=1) + "\n"
+
+
+def kube_proxy_config(spec: K8sSpec, node: K8sNode) -> str:
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": f"{ETC}/kube-proxy.conf"},
+        "mode": "iptables",
+        "clusterCIDR": str(CLUSTER_CIDR),
+        "hostnameOverride": node.name,
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "oomScoreAdj": 0,
+        # Conntrack limits are global in a shared kernel: leave them alone.
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+    }
+    return json.dumps(config, indent=1) + "\n"
+
+
+# --- command lines ----------------------------------------------------------------------------
+
+
+def etcd_argv(spec: K8sSpec) -> list[str]:
+    local = "http://127.0.0.1"
+    return [
+        spec.bin("etcd"),
+        f"--name={spec.api_hostname}",
+        f"--data-dir={ETCD_DATA}",
+        f"--listen-client-urls={local}:2379",
+        f"--advertise-client-urls={local}:2379",
+        f"--listen-peer-urls={local}:2380",
+        f"--initial-advertise-peer-urls={local}:2380",
+        f"--initial-cluster={spec.api_hostname}={local}:2380",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(spec: K8sSpec) -> list[str]:
+    return [
+        spec.bin("kube-apiserver"),
+        f"--advertise-address={spec.api_address}",
+        "--bind-address=0.0.0.0",
+        f"--secure-port={API_PORT}",
+        "--etcd-servers=http://127.0.0.1:2379",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        f"--client-ca-file={pki_path('ca.crt')}",
+        f"--tls-cert-file={pki_path('apiserver.crt')}",
+        f"--tls-private-key-file={pki_path('apiserver.key')}",
+        f"--kubelet-client-certificate={pki_path('apiserver-kubelet-client.crt')}",
+        f"--kubelet-client-key={pki_path('apiserver-kubelet-client.key')}",
+        f"--kubelet-certificate-authority={pki_path('ca.crt')}",
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
+        f"--service-account-key-file={pki_path('sa.pub')}",
+        f"--service-account-signing-key-file={pki_path('sa.key')}",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(spec: K8sSpec) -> list[str]:
+    conf = f"{ETC}/controller-manager.conf"
+    return [
+        spec.bin("kube-controller-manager"),
+        f"--kubeconfig={conf}",
+        f"--authentication-kubeconfig={conf}",
+        f"--authorization-kubeconfig={conf}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        f"--root-ca-file={pki_path('ca.crt')}",
+        f"--service-account-private-key-file={pki_path('sa.key')}",
+        f"--cluster-signing-cert-file={pki_path('ca.crt')}",
+        f"--cluster-signing-key-file={pki_path('ca.key')}",
+        f"--cluster-name={spec.cluster_name}",
+        # Pod CIDRs are ours (see the module docstring), not allocated here.
+        "--allocate-node-cidrs=false",
+        "--controllers=*,bootstrapsigner,tokencleaner",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def scheduler_argv(spec: K8sSpec) -> list[str]:
+    conf = f"{ETC}/scheduler.conf"
+    return [
+        spec.bin("kube-scheduler"),
+        f"--kubeconfig={conf}",
+        f"--authentication-kubeconfig={conf}",
+        f"--authorization-kubeconfig={conf}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def registry_argv(python: str) -> list[str]:
+    return [
+        python,
+        "-m",
+        "gpuclusters.layers.kubernetes.registry",
+        f"--root={IMAGES_DIR}",
+        f"--listen={REGISTRY_LISTEN}",
+    ]
+
+
+def containerd_argv() -> list[str]:
+    return ["containerd", f"--config={CONTAINERD_CONF}"]
+
+
+def kubelet_argv(spec: K8sSpec, node: K8sNode) -> list[str]:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))
+    argv = [
+        spec.bin("kubelet"),
+        f"--config={ETC}/kubelet-config.yaml",
+        f"--kubeconfig={ETC}/kubelet.conf",
+        f"--hostname-override={node.name}",
+        f"--node-ip={node.address}",
+        "--v=1",
+    ]
+    if labels:
+        argv.append(f"--node-labels={labels}")
+    return argv
+
+
+def kube_proxy_argv(spec: K8sSpec) -> list[str]:
+    return [spec.bin("kube-proxy"), f"--config={ETC}/kube-proxy-config.yaml", "--v=1"]
+
+
+def kubectl_argv(spec: K8sSpec, *args: str) -> list[str]:
+    """kubectl as cluster admin, run on the control-plane node."""
+    return [spec.bin("kubectl"), f"--kubeconfig={ADMIN_CONF}", *args]
+
+
+def sysctl_shadow_script() -> str:
+    """Shell lines run inside a node before kubelet starts: bind a file with
+    the value kubelet expects over each kernel setting it would change
+    (only in the node's own mount namespace)."""
+    lines = [f"mkdir -p {SYSCTL_SHADOW_DIR}"]
+    for key, value in sorted(KUBELET_SYSCTLS.items()):
+        shadow = f"{SYSCTL_SHADOW_DIR}/{key.replace('/', '.')}"
+        target = f"/proc/sys/{key}"
+        lines.append(
+            f'if [ -e {target} ] && [ "$(cat {target})" != {shlex.quote(value)} ]; then '
+            f"printf '%s\\n' {shlex.quote(value)} > {shadow} && mount --bind {shadow} {target}; fi"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --- cluster objects --------------------------------------------------------------------------
+
+
+def storage_manifests(*, shared_volume: bool, shared_capacity_gib: int) -> list[dict[str, Any]]:
+    """Storage classes and the shared volume's PV + PVC.
+
+    The shared volume is the same directory on every node (``/mnt/shared``),
+    so a hostPath PV serves it ReadWriteMany; ``Retain`` so deleting the
+    claim never touches the data. Local NVMe is ``local-storage-class``
+    (static local PVs on each node's ``/scratch``, bound when a pod lands)."""
+    objs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": LOCAL_STORAGE_CLASS},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Retain",
+        }
+    ]
+    if not shared_volume:
+        return objs
+    objs += [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": SHARED_STORAGE_CLASS},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "Immediate",
+            "reclaimPolicy": "Retain",
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": SHARED_PV, "labels": {"gpuclusters.io/volume": "shared"}},
+            "spec": {
+                "capacity": {"storage": f"{shared_capacity_gib}Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": SHARED_STORAGE_CLASS,
+                "hostPath": {"path": "/mnt/shared", "type": "Directory"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": SHARED_PVC, "namespace": "default"},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": SHARED_STORAGE_CLASS,
+                "volumeName": SHARED_PV,
+                "resources": {"requests": {"storage": f"{shared_capacity_gib}Gi"}},
+            },
+        },
+    ]
+    return objs
+
+
+def local_pv_name(node_name: str) -> str:
+    return f"local-scratch-{node_name}"
+
+
+def local_pv_manifest(node_name: str, capacity_gib: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": local_pv_name(node_name),
+            "labels": {"gpuclusters.io/volume": "local"},
+        },
+        "spec": {
+            "capacity": {"storage": f"{capacity_gib}Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": LOCAL_STORAGE_CLASS,
+            "local": {"path": "/scratch"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [node_name],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def user_binding_name(user: str) -> str:
+    return f"gpuclusters:user:{user}"
+
+
+def user_bindings(users: list[tuple[str, bool]]) -> list[dict[str, Any]]:
+    """Project admins get cluster-admin, editors the built-in ``edit`` role in
+    every namespace. Bound by user name (the CN of their certificate), so a
+    role change takes effect at the next reconcile without new certificates."""
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {
+                "name": user_binding_name(name),
+                "labels": {"gpuclusters.io/managed": "true"},
+            },
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin" if admin else "edit",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+        }
+        for name, admin in users
+    ]
+
+
+def as_list(objs: list[dict[str, Any]]) -> str:
+    """Objects as one ``kind: List`` document for ``kubectl apply -f -``."""
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}) + "\n"

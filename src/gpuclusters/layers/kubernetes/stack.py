@@ -1,0 +1,453 @@
+"""Bringing Kubernetes up and down through ``NodeShell``; the steps, not the policy.
+
+Each function is one idempotent step the layer may repeat after a crash:
+files are written only when their content differs (``write_file`` says
+whether it changed anything), daemons are spawned by name (a running one
+is left alone, or restarted when a file it reads only at start changed),
+certificates are issued only when missing, and every wait polls a real
+signal (``/readyz``, ``ctr version``, the Node's ``Ready`` condition and
+its allocatable GPUs) with a short backoff; there are no fixed sleeps.
+
+Order on the control-plane node: PKI -> etcd -> kube-apiserver (``/readyz``)
+-> controller-manager + scheduler -> cluster objects (storage classes, the
+shared volume's PV/PVC, users' RBAC bindings).
+
+Order on a GPU node: kernel settings of the node's own network namespace
+(forwarding, bridge netfilter) and the kubelet sysctl shadows -> node
+certificates -> containerd -> images -> CNI file -> kubelet -> kube-proxy
+-> wait Ready with ``nvidia.com/gpu`` allocatable (the node agent's device
+plugin registers with the kubelet).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from gpuclusters.core.nodeshell import NodeShell
+from gpuclusters.layers.base import LayerError
+from gpuclusters.layers.kubernetes import config as cfg
+from gpuclusters.layers.kubernetes import pki
+from gpuclusters.layers.kubernetes.images import Image
+from gpuclusters.layers.waiting import ok, wait_for
+
+log = logging.getLogger(__name__)
+
+CA_CERT = cfg.pki_path("ca.crt")
+CA_KEY = cfg.pki_path("ca.key")
+
+
+# --- PKI ----------------------------------------------------------------------------------
+
+
+async def read_ca(cp: NodeShell) -> pki.KeyPair | None:
+    cert, key = await cp.read_file(CA_CERT), await cp.read_file(CA_KEY)
+    return pki.KeyPair(cert=cert, key=key) if cert and key else None
+
+
+async def ensure_ca(cp: NodeShell, cluster_name: str) -> pki.KeyPair:
+    """The cluster's CA, made once and kept on the control-plane node (like
+    kubeadm's /etc/kubernetes/pki). Only the control-plane step creates it,
+    so two steps running at once can never make two CAs."""
+    ca = await read_ca(cp)
+    if ca is not None:
+        return ca
+    ca = pki.new_ca(f"gpuclusters {cluster_name} CA")
+    # Key first: a crash between the two writes leaves no certificate, and
+    # the next attempt makes a new pair.
+    await cp.write_file(CA_KEY, ca.key, mode=0o600)
+    await cp.write_file(CA_CERT, ca.cert)
+    return ca
+
+
+def _issued_by(cert_pem: bytes, ca_pem: bytes) -> bool:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+async def _ensure_pair(
+    shell: NodeShell,
+    ca: pki.KeyPair,
+    name: str,
+    common_name: str,
+    *,
+    organizations: Sequence[str] = (),
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    client: bool = False,
+    server: bool = False,
+) -> bool:
+    """``<pki>/<name>.crt`` + ``.key`` signed by ``ca``; (re)issued when
+    missing, signed by another CA, or about to expire. True if issued."""
+    crt, key = cfg.pki_path(f"{name}.crt"), cfg.pki_path(f"{name}.key")
+    have = await shell.read_file(crt)
+    if (
+        have is not None
+        and await shell.read_file(key) is not None
+        and _issued_by(have, ca.cert)
+        and pki.cert_subject(have) == (common_name, tuple(organizations))
+        and not pki.cert_expires_within(have, 7 * 86400)
+    ):
+        return False
+    pair = pki.issue(
+        ca,
+        common_name,
+        organizations=organizations,
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        client=client,
+        server=server,
+    )
+    await shell.write_file(key, pair.key, mode=0o600)
+    await shell.write_file(crt, pair.cert)
+    return True
+
+
+async def _write_text(shell: NodeShell, path: str, text: str, *, mode: int = 0o644) -> bool:
+    return await shell.write_file(path, text.encode(), mode=mode)
+
+
+async def _kubeconfig(
+    shell: NodeShell, spec: cfg.K8sSpec, name: str, *, user: str, pair: str
+) -> bool:
+    text = cfg.component_kubeconfig(
+        spec,
+        user=user,
+        cert=cfg.pki_path(f"{pair}.crt"),
+        key=cfg.pki_path(f"{pair}.key"),
+    )
+    return await _write_text(shell, f"{cfg.ETC}/{name}.conf", text, mode=0o600)
+
+
+async def _respawn(shell: NodeShell, name: str, argv: Sequence[str], changed: bool) -> None:
+    if changed and await shell.is_running(name):
+        log.info("%s: restarting %s (its configuration changed)", shell.hostname, name)
+        await shell.stop(name, timeout_s=30.0)
+    await shell.spawn(name, argv)
+
+
+# --- control plane ----------------------------------------------------------------------------
+
+
+async def kubectl(
+    cp: NodeShell,
+    spec: cfg.K8sSpec,
+    *args: str,
+    stdin: bytes | None = None,
+    check: bool = True,
+    timeout_s: float = 60.0,
+) -> str:
+    result = await cp.run(
+        cfg.kubectl_argv(spec, *args), stdin=stdin, check=False, timeout_s=timeout_s
+    )
+    if check and result.returncode != 0:
+        raise LayerError(f"kubectl {' '.join(args[:3])}: {(result.stderr or result.stdout)[-400:]}")
+    return result.stdout
+
+
+async def apiserver_ready(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
+    r = await cp.run(cfg.kubectl_argv(spec, "get", "--raw=/readyz"), check=False, timeout_s=10.0)
+    return r.returncode == 0 and r.stdout.strip() == "ok"
+
+
+async def start_control_plane(
+    cp: NodeShell, spec: cfg.K8sSpec, *, timeout_s: float = 120.0
+) -> pki.KeyPair:
+    """PKI, etcd, kube-apiserver, controller-manager and scheduler on the
+    control-plane node; returns the CA once the apiserver answers /readyz."""
+    ca = await ensure_ca(cp, spec.cluster_name)
+    changed = await _ensure_pair(
+        cp,
+        ca,
+        "apiserver",
+        "kube-apiserver",
+        dns_names=[
+            spec.api_hostname,
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            f"kubernetes.default.svc.{cfg.CLUSTER_DOMAIN}",
+            "localhost",
+        ],
+        ip_addresses=[spec.api_address, cfg.api_service_ip(), "127.0.0.1"],
+        server=True,
+    )
+    changed |= await _ensure_pair(
+        cp,
+        ca,
+        "apiserver-kubelet-client",
+        "kube-apiserver-kubelet-client",
+        organizations=["system:masters"],
+        client=True,
+    )
+    if await cp.read_file(cfg.pki_path("sa.key")) is None:
+        private, public = pki.new_service_account_key()
+        await cp.write_file(cfg.pki_path("sa.pub"), public)
+        await cp.write_file(cfg.pki_path("sa.key"), private, mode=0o600)
+    clients = {
+        "admin": ("gpuclusters-admin", ["system:masters"]),
+        "controller-manager": ("system:kube-controller-manager", []),
+        "scheduler": ("system:kube-scheduler", []),
+    }
+    for name, (cn, orgs) in clients.items():
+        issued = await _ensure_pair(cp, ca, name, cn, organizations=orgs, client=True)
+        changed |= issued | await _kubeconfig(cp, spec, name, user=cn, pair=name)
+
+    await cp.run(["install", "-d", "-m", "0700", cfg.ETCD_DATA])
+    await cp.spawn(cfg.ETCD, cfg.etcd_argv(spec))
+    await _respawn(cp, cfg.APISERVER, cfg.apiserver_argv(spec), changed)
+
+    async def ready() -> bool | None:
+        return True if await apiserver_ready(cp, spec) else None
+
+    await wait_for(ready, what="kube-apiserver /readyz", timeout_s=timeout_s, max_delay_s=0.2)
+    await _respawn(cp, cfg.CONTROLLER_MANAGER, cfg.controller_manager_argv(spec), changed)
+    await _respawn(cp, cfg.SCHEDULER, cfg.scheduler_argv(spec), changed)
+    return ca
+
+
+async def apply(cp: NodeShell, spec: cfg.K8sSpec, objs: list[dict[str, Any]]) -> None:
+    if objs:
+        await kubectl(cp, spec, "apply", "-f", "-", stdin=cfg.as_list(objs).encode())
+
+
+async def reconcile_rbac(
+    cp: NodeShell, spec: cfg.K8sSpec, users: Iterable[tuple[str, bool]]
+) -> None:
+    """Users' ClusterRoleBindings; ``kubectl auth reconcile`` also replaces
+    a binding whose role changed (roleRef is immutable)."""
+    objs = cfg.user_bindings(list(users))
+    if objs:
+        await kubectl(cp, spec, "auth", "reconcile", "-f", "-", stdin=cfg.as_list(objs).encode())
+
+
+# --- nodes --------------------------------------------------------------------------------
+
+
+async def prepare_kernel(node: NodeShell) -> None:
+    """The node's own network namespace forwards (pods are routed) and
+    passes bridged traffic through iptables (Services to pods on the same
+    bridge); kubelet's global kernel settings are shadowed, not changed."""
+    await node.run(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+    await node.run(["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=1"])
+    await node.run(["sh", "-euc", cfg.sysctl_shadow_script()])
+
+
+async def ensure_images(node: NodeShell, images: Iterable[Image]) -> None:
+    present = await node.run(
+        ["ctr", f"--address={cfg.CONTAINERD_SOCK}", "-n", "k8s.io", "images", "ls", "-q"]
+    )
+    have = set(present.stdout.split())
+    for image in images:
+        path = f"{cfg.IMAGES_DIR}/{image.file_name}"
+        changed = await node.write_file(path, image.archive, mode=0o600)
+        if changed or image.name not in have:
+            await node.run(
+                [
+                    "ctr",
+                    f"--address={cfg.CONTAINERD_SOCK}",
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    "--no-unpack=false",
+                    path,
+                ],
+                timeout_s=120.0,
+            )
+
+
+async def start_containerd(node: NodeShell, spec: cfg.K8sSpec, *, timeout_s: float = 30.0) -> None:
+    changed = await _write_text(node, cfg.CONTAINERD_CONF, cfg.containerd_config(spec))
+    await _respawn(node, cfg.CONTAINERD, cfg.containerd_argv(), changed)
+    await wait_for(
+        lambda: ok(node, ["ctr", f"--address={cfg.CONTAINERD_SOCK}", "version"]),
+        what=f"containerd on {node.hostname}",
+        timeout_s=timeout_s,
+    )
+
+
+async def get_node(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> dict[str, Any] | None:
+    r = await cp.run(
+        cfg.kubectl_argv(spec, "get", "node", name, "-o", "json"), check=False, timeout_s=20.0
+    )
+    if r.returncode != 0:
+        if "NotFound" in r.stderr or "not found" in r.stderr:
+            return None
+        raise LayerError(f"kubectl get node {name}: {r.stderr.strip()[-300:]}")
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def node_is_ready(obj: dict[str, Any], *, gpus: int) -> bool:
+    conditions = obj.get("status", {}).get("conditions", [])
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    allocatable = obj.get("status", {}).get("allocatable", {})
+    return ready and int(allocatable.get(cfg.GPU_RESOURCE, "0")) >= gpus
+
+
+async def join_node(
+    cp: NodeShell,
+    node: NodeShell,
+    spec: cfg.K8sSpec,
+    knode: cfg.K8sNode,
+    *,
+    ca: pki.KeyPair,
+    images: Sequence[Image],
+    gpus: int,
+    timeout_s: float = 90.0,
+) -> dict[str, Any]:
+    """containerd, kubelet and kube-proxy on a GPU node; returns the Node
+    object once it is Ready with its GPUs allocatable."""
+    await prepare_kernel(node)
+    await node.write_file(CA_CERT, ca.cert)
+    kubelet_changed = await _ensure_pair(
+        node,
+        ca,
+        "kubelet-client",
+        f"system:node:{knode.name}",
+        organizations=["system:nodes"],
+        client=True,
+    )
+    kubelet_changed |= await _ensure_pair(
+        node,
+        ca,
+        "kubelet",
+        knode.name,
+        dns_names=[knode.name],
+        ip_addresses=[knode.address],
+        server=True,
+    )
+    proxy_changed = await _ensure_pair(node, ca, "kube-proxy", "system:kube-proxy", client=True)
+    kubelet_changed |= await _kubeconfig(
+        node, spec, "kubelet", user=f"system:node:{knode.name}", pair="kubelet-client"
+    )
+    proxy_changed |= await _kubeconfig(
+        node, spec, "kube-proxy", user="system:kube-proxy", pair="kube-proxy"
+    )
+    await start_containerd(node, spec)
+    await ensure_images(node, images)
+    await node.spawn(cfg.REGISTRY, cfg.registry_argv(sys.executable))
+    await _write_text(node, cfg.CNI_CONF, cfg.cni_conflist(knode))
+    kubelet_changed |= await _write_text(
+        node, f"{cfg.ETC}/kubelet-config.yaml", cfg.kubelet_config(spec, knode)
+    )
+    await _respawn(node, cfg.KUBELET, cfg.kubelet_argv(spec, knode), kubelet_changed)
+    proxy_changed |= await _write_text(
+        node, f"{cfg.ETC}/kube-proxy-config.yaml", cfg.kube_proxy_config(spec, knode)
+    )
+    await _respawn(node, cfg.KUBE_PROXY, cfg.kube_proxy_argv(spec), proxy_changed)
+
+    async def ready() -> dict[str, Any] | None:
+        obj = await get_node(cp, spec, knode.name)
+        return obj if obj is not None and node_is_ready(obj, gpus=gpus) else None
+
+    obj = await wait_for(
+        ready, what=f"node {knode.name} Ready", timeout_s=timeout_s, max_delay_s=0.25
+    )
+    if not obj.get("spec", {}).get("podCIDR"):
+        # For tools that read it; set once (the field is immutable after).
+        patch = json.dumps({"spec": {"podCIDR": knode.pod_cidr, "podCIDRs": [knode.pod_cidr]}})
+        await kubectl(cp, spec, "patch", "node", knode.name, "-p", patch, check=False)
+    return obj
+
+
+async def ensure_routes(shell: NodeShell, routes: dict[str, str]) -> None:
+    """``pod CIDR -> node address`` routes in this member's network namespace."""
+    for cidr, via in sorted(routes.items()):
+        if via == shell.address:
+            continue
+        await shell.run(["ip", "route", "replace", cidr, "via", via])
+
+
+async def remove_routes(shell: NodeShell, cidrs: Iterable[str]) -> None:
+    for cidr in cidrs:
+        await shell.run(["ip", "route", "del", cidr], check=False)
+
+
+# --- cordon, drain, remove --------------------------------------------------------------------
+
+
+async def cordon(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> bool:
+    """Mark the node unschedulable (ours: annotated with the reason). A node
+    a user cordoned keeps their cordon. False if Kubernetes does not know it."""
+    obj = await get_node(cp, spec, name)
+    if obj is None:
+        return False
+    if obj.get("spec", {}).get("unschedulable"):
+        return True
+    reason_text = f"gpuclusters: {reason}".strip()
+    await kubectl(
+        cp, spec, "annotate", "--overwrite", "node", name, f"{cfg.CORDON_ANNOTATION}={reason_text}"
+    )
+    await kubectl(cp, spec, "cordon", name)
+    return True
+
+
+def _workload_pods(pods: dict[str, Any]) -> list[str]:
+    """Pods that still hold the node: not DaemonSet-owned, not finished."""
+    left = []
+    for pod in pods.get("items", []):
+        owners = pod.get("metadata", {}).get("ownerReferences", [])
+        if any(o.get("kind") == "DaemonSet" for o in owners):
+            continue
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        meta = pod.get("metadata", {})
+        left.append(f"{meta.get('namespace')}/{meta.get('name')}")
+    return left
+
+
+async def drain(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> bool:
+    """Cordon, evict what runs there (graceful, through the eviction API so
+    PodDisruptionBudgets count), and answer whether the node is empty.
+    Never blocks for long: the caller asks again until True or its deadline."""
+    if not await cordon(cp, spec, name, reason=reason):
+        return True
+    await kubectl(
+        cp,
+        spec,
+        "drain",
+        name,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--force",
+        "--timeout=3s",
+        check=False,
+    )
+    out = await kubectl(
+        cp, spec, "get", "pods", "-A", f"--field-selector=spec.nodeName={name}", "-o", "json"
+    )
+    return not _workload_pods(json.loads(out))
+
+
+async def is_cordoned_by_user(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> bool:
+    obj = await get_node(cp, spec, name)
+    if obj is None or not obj.get("spec", {}).get("unschedulable"):
+        return False
+    annotations = obj.get("metadata", {}).get("annotations", {})
+    return cfg.CORDON_ANNOTATION not in annotations
+
+
+async def stop_node(node: NodeShell) -> None:
+    """Stop the node's Kubernetes daemons (kube-proxy, kubelet, containerd);
+    the containers go with the node, or with its next power-off."""
+    for name in (cfg.KUBE_PROXY, cfg.KUBELET, cfg.CONTAINERD):
+        await node.stop(name, timeout_s=30.0)
+
+
+async def delete_node_object(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> None:
+    await kubectl(cp, spec, "delete", "node", name, "--ignore-not-found", "--wait=false")
+    await kubectl(
+        cp, spec, "delete", "pv", cfg.local_pv_name(name), "--ignore-not-found", "--wait=false"
+    )

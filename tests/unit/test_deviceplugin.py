@@ -1,0 +1,390 @@
+"""The node agent's Kubernetes device plugin, against a fake kubelet.
+
+The fake kubelet is a real gRPC ``Registration`` server on ``kubelet.sock`` in
+a temporary device-plugin directory; the tests then talk to the plugin's
+socket the way kubelet does. GPUs are ``SimulatedGpus`` over a temporary
+/dev holding plain files ``nvidia0``..``nvidia7`` (a GPU is present while its
+file exists). Intervals are milliseconds; every wait is a poll with a timeout.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpuclusters.agent import __main__ as agent_main
+from gpuclusters.agent import gpus as gpus_mod
+from gpuclusters.agent.deviceplugin import api_pb2 as pb
+from gpuclusters.agent.deviceplugin import api_pb2_grpc as pb_grpc
+from gpuclusters.agent.deviceplugin.plugin import DevicePluginRunner
+from gpuclusters.agent.gpus import SimulatedGpus
+
+TIMEOUT_S = 10.0
+UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+class FakeKubelet(pb_grpc.RegistrationServicer):
+    """kubelet's Registration service; records every RegisterRequest."""
+
+    def __init__(self, sock: Path, *, fail_first: int = 0) -> None:
+        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
+        self.fail_first = fail_first
+        self.calls = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_RegistrationServicer_to_server(self, self.server)
+        sock.unlink(missing_ok=True)
+        self.server.add_insecure_port(f"unix://{sock}")
+        self.server.start()
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.calls += 1
+        if self.calls <= self.fail_first:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet is not ready")
+        self.requests.put(request)
+        return pb.Empty()
+
+    def next_registration(self) -> pb.RegisterRequest:
+        return self.requests.get(timeout=TIMEOUT_S)
+
+    def stop(self) -> None:
+        self.server.stop(grace=None).wait(TIMEOUT_S)
+
+
+@dataclass
+class Node:
+    plugin_dir: Path
+    dev_dir: Path
+    gpus: SimulatedGpus
+
+    @property
+    def kubelet_sock(self) -> Path:
+        return self.plugin_dir / "kubelet.sock"
+
+    def runner(self) -> DevicePluginRunner:
+        return DevicePluginRunner(
+            self.gpus,
+            plugin_dir=self.plugin_dir,
+            socket_name="gpuclusters-gpu.sock",
+            dev_dir=self.dev_dir,
+            poll_interval_s=0.02,
+            watch_interval_s=0.02,
+            backoff_s=(0.02, 0.1),
+            register_timeout_s=2.0,
+        )
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    # Short paths: a unix socket's path must fit in 108 bytes.
+    with tempfile.TemporaryDirectory(prefix="dp-") as tmp:
+        root = Path(tmp)
+        plugin_dir, dev_dir = root / "dp", root / "dev"
+        plugin_dir.mkdir()
+        dev_dir.mkdir()
+        for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl"]:
+            (dev_dir / name).touch()
+        yield Node(plugin_dir, dev_dir, SimulatedGpus("H100_SXM", dev_dir=dev_dir, node_id="n-1"))
+
+
+@pytest.fixture
+def kubelet(node: Node) -> Iterator[FakeKubelet]:
+    k = FakeKubelet(node.kubelet_sock)
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def runner(node: Node) -> Iterator[DevicePluginRunner]:
+    r = node.runner()
+    yield r
+    r.stop()
+
+
+class Stream:
+    """A ListAndWatch stream read by a thread, so each response can be
+    awaited with a timeout."""
+
+    def __init__(self, stub: pb_grpc.DevicePluginStub) -> None:
+        self.call = stub.ListAndWatch(pb.Empty())
+        self.responses: queue.Queue[pb.ListAndWatchResponse] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for r in self.call:
+                self.responses.put(r)
+        except grpc.RpcError:
+            pass
+
+    def next(self) -> dict[str, str]:
+        r = self.responses.get(timeout=TIMEOUT_S)
+        return {d.ID: d.health for d in r.devices}
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
+def plugin_stub(runner: DevicePluginRunner) -> tuple[grpc.Channel, pb_grpc.DevicePluginStub]:
+    channel = grpc.insecure_channel(f"unix://{runner.socket_path}")
+    return channel, pb_grpc.DevicePluginStub(channel)
+
+
+# -- GPU identity ---------------------------------------------------------------
+
+
+def test_simulated_gpu_uuids_are_stable_and_distinct(tmp_path: Path) -> None:
+    a = [g.uuid for g in SimulatedGpus("H100_SXM", dev_dir=tmp_path, node_id="n-1").inventory()]
+    again = [g.uuid for g in SimulatedGpus("B200_SXM", dev_dir=tmp_path, node_id="n-1").inventory()]
+    other = [g.uuid for g in SimulatedGpus("H100_SXM", dev_dir=tmp_path, node_id="n-2").inventory()]
+    assert len(a) == 8
+    assert all(UUID_RE.match(u) for u in a)
+    assert a == again  # stable: a function of the node and the index only
+    assert len(set(a)) == 8  # distinct within a node
+    assert not set(a) & set(other)  # and between nodes
+
+
+def test_simulated_gpu_uuids_default_to_machine_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine_id = tmp_path / "machine-id"
+    machine_id.write_text("0123456789abcdef0123456789abcdef\n")
+    monkeypatch.setattr(gpus_mod, "MACHINE_ID_FILE", machine_id)
+    first = SimulatedGpus("H100_SXM", dev_dir=tmp_path).inventory()
+    by_id = SimulatedGpus(
+        "H100_SXM", dev_dir=tmp_path, node_id="0123456789abcdef0123456789abcdef"
+    ).inventory()
+    assert [g.uuid for g in first] == [g.uuid for g in by_id]
+
+
+def test_gpu_info_to_dict_keeps_its_fields(tmp_path: Path) -> None:
+    (tmp_path / "nvidia0").touch()
+    d = SimulatedGpus("H100_SXM", dev_dir=tmp_path, count=1, node_id="n").inventory()[0].to_dict()
+    assert d == {
+        "index": 0,
+        "name": "Simulated H100_SXM",
+        "memory_gib": 80,
+        "device": str(tmp_path / "nvidia0"),
+        "present": True,
+        "uuid": gpus_mod.simulated_gpu_uuid("n", 0),
+    }
+
+
+# -- the plugin against a fake kubelet --------------------------------------------
+
+
+def test_registers_lists_and_allocates(
+    node: Node, kubelet: FakeKubelet, runner: DevicePluginRunner
+) -> None:
+    runner.start()
+    reg = kubelet.next_registration()
+    assert reg.version == "v1beta1"
+    assert reg.endpoint == "gpuclusters-gpu.sock"
+    assert reg.resource_name == "nvidia.com/gpu"
+    assert not reg.options.pre_start_required
+    assert not reg.options.get_preferred_allocation_available
+    wait_until(lambda: runner.registrations == 1, "registration 1")
+    assert runner.socket_path == node.plugin_dir / reg.endpoint
+
+    uuids = [g.uuid for g in node.gpus.inventory()]
+    channel, stub = plugin_stub(runner)
+    with channel:
+        opts = stub.GetDevicePluginOptions(pb.Empty(), timeout=TIMEOUT_S)
+        assert not opts.pre_start_required and not opts.get_preferred_allocation_available
+
+        stream = Stream(stub)
+        assert stream.next() == dict.fromkeys(uuids, "Healthy")
+
+        # kubelet may hand the IDs in any order: envs follow the GPUs' indices.
+        resp = stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=[uuids[5], uuids[2]])]
+            ),
+            timeout=TIMEOUT_S,
+        )
+        (c,) = resp.container_responses
+        assert dict(c.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[5]}",
+            "CUDA_VISIBLE_DEVICES": "2,5",
+        }
+        assert [(d.container_path, d.host_path, d.permissions) for d in c.devices] == [
+            ("/dev/nvidia2", str(node.dev_dir / "nvidia2"), "rw"),
+            ("/dev/nvidia5", str(node.dev_dir / "nvidia5"), "rw"),
+            ("/dev/nvidiactl", str(node.dev_dir / "nvidiactl"), "rw"),
+        ]
+
+        # The UVM device nodes go in only where the host has them.
+        (node.dev_dir / "nvidia-uvm").touch()
+        resp = stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=[uuids[0]]),
+                    pb.ContainerAllocateRequest(devices_ids=[uuids[7]]),
+                ]
+            ),
+            timeout=TIMEOUT_S,
+        )
+        assert [dict(c.envs)["CUDA_VISIBLE_DEVICES"] for c in resp.container_responses] == [
+            "0",
+            "7",
+        ]
+        assert [d.container_path for d in resp.container_responses[1].devices] == [
+            "/dev/nvidia7",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+        ]
+
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(devices_ids=[uuids[0], "GPU-nope"])
+                    ]
+                ),
+                timeout=TIMEOUT_S,
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "GPU-nope" in (err.value.details() or "")
+
+        assert stub.GetPreferredAllocation(pb.PreferredAllocationRequest(), timeout=TIMEOUT_S) == (
+            pb.PreferredAllocationResponse()
+        )
+        assert stub.PreStartContainer(
+            pb.PreStartContainerRequest(devices_ids=[uuids[0]]), timeout=TIMEOUT_S
+        ) == (pb.PreStartContainerResponse())
+
+        # A GPU goes missing: a new list, with that GPU unhealthy.
+        (node.dev_dir / "nvidia3").unlink()
+        devices = stream.next()
+        assert devices[uuids[3]] == "Unhealthy"
+        assert sum(h == "Healthy" for h in devices.values()) == 7
+        # ... and back.
+        (node.dev_dir / "nvidia3").touch()
+        assert stream.next() == dict.fromkeys(uuids, "Healthy")
+        stream.cancel()
+
+
+def test_reregisters_when_kubelet_restarts(node: Node, runner: DevicePluginRunner) -> None:
+    first = FakeKubelet(node.kubelet_sock)
+    second: FakeKubelet | None = None
+    try:
+        runner.start()
+        first.next_registration()
+        wait_until(lambda: runner.registrations == 1, "registration 1")
+        # A kubelet restart: it dies, wipes every socket in the directory and
+        # comes back with a fresh kubelet.sock.
+        first.stop()
+        runner.socket_path.unlink()
+        node.kubelet_sock.unlink(missing_ok=True)
+        second = FakeKubelet(node.kubelet_sock)
+        reg = second.next_registration()
+        assert reg.resource_name == "nvidia.com/gpu"
+        assert reg.endpoint == "gpuclusters-gpu.sock"
+        wait_until(lambda: runner.registrations == 2, "registration 2")
+        channel, stub = plugin_stub(runner)
+        with channel:
+            stream = Stream(stub)
+            assert len(stream.next()) == 8
+            stream.cancel()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_reregisters_when_kubelet_sock_is_replaced(node: Node, runner: DevicePluginRunner) -> None:
+    first = FakeKubelet(node.kubelet_sock)
+    second: FakeKubelet | None = None
+    try:
+        runner.start()
+        first.next_registration()
+        wait_until(lambda: runner.registrations == 1, "registration 1")
+        first.stop()
+        # Our socket survives this time; the new kubelet.sock alone says it.
+        second = FakeKubelet(node.kubelet_sock)
+        assert second.next_registration().resource_name == "nvidia.com/gpu"
+        wait_until(lambda: runner.registrations == 2, "registration 2")
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_waits_for_kubelet_and_retries_failed_registration(
+    node: Node, runner: DevicePluginRunner
+) -> None:
+    runner.start()
+    time.sleep(0.1)  # several watch intervals: nothing to do without kubelet
+    assert not runner.socket_path.exists()
+    assert runner.registrations == 0
+    kubelet = FakeKubelet(node.kubelet_sock, fail_first=2)
+    try:
+        assert kubelet.next_registration().resource_name == "nvidia.com/gpu"
+        assert kubelet.calls == 3
+        wait_until(lambda: runner.registrations == 1, "registration 1")
+    finally:
+        kubelet.stop()
+
+
+def test_stale_socket_is_replaced_and_stop_cleans_up(
+    node: Node, kubelet: FakeKubelet, runner: DevicePluginRunner
+) -> None:
+    runner.socket_path.write_text("stale")
+    runner.start()
+    kubelet.next_registration()
+    assert runner.socket_path.is_socket()
+    runner.stop()
+    assert not runner.socket_path.exists()
+    assert node.kubelet_sock.exists()  # kubelet's, not ours to remove
+
+
+def test_stop_without_kubelet_is_prompt(runner: DevicePluginRunner) -> None:
+    runner.start()
+    t0 = time.monotonic()
+    runner.stop()
+    assert time.monotonic() - t0 < 2.0
+
+
+# -- the agent's wiring -----------------------------------------------------------
+
+
+def test_agent_starts_the_plugin_only_when_wanted(
+    node: Node, kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCLUSTERS_AGENT_DEVICE_PLUGIN_DIR", str(node.plugin_dir))
+
+    monkeypatch.setenv("GPUCLUSTERS_AGENT_DEVICE_PLUGIN", "0")
+    assert agent_main.start_device_plugin(node.gpus) is None
+
+    monkeypatch.delenv("GPUCLUSTERS_AGENT_DEVICE_PLUGIN")
+    no_gpus = SimulatedGpus("H100_SXM", dev_dir=node.plugin_dir / "nothing", node_id="n-1")
+    assert agent_main.start_device_plugin(no_gpus) is None
+
+    runner = agent_main.start_device_plugin(node.gpus)
+    assert runner is not None
+    try:
+        assert runner.plugin_dir == node.plugin_dir
+        assert kubelet.next_registration().endpoint == runner.socket_name
+        wait_until(runner.socket_path.exists, "the plugin socket")
+    finally:
+        runner.stop()
+    assert not runner.socket_path.exists()
