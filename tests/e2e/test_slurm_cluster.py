@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
+
 if TYPE_CHECKING:
     from conftest import ServerHandle, Servers
 
@@ -27,6 +29,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("slurmctld") is None, reason="run scripts/setup first"),
 ]
 P = "/v1/projects/default"
+KUBECTL = DEFAULT_BIN_DIR / "kubectl"
 
 
 def ok(server: ServerHandle, *args: str, timeout: float = 120) -> str:
@@ -47,6 +50,22 @@ def cluster(server: ServerHandle, name: str) -> dict[str, Any]:
 def sinfo(server: ServerHandle, name: str) -> list[list[str]]:
     out = ssh(server, name, "sinfo", "-N", "-h", "-o", "%N %T %G")
     return sorted(line.split() for line in out.splitlines() if line.strip())
+
+
+def k8s_nodes(kubeconfig: Path) -> list[tuple[str, str]]:
+    """(name, allocatable GPUs) of the Ready nodes Kubernetes lists."""
+    out = subprocess.run(
+        [str(KUBECTL), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return sorted(
+        (n["metadata"]["name"], n["status"]["allocatable"].get("nvidia.com/gpu", "0"))
+        for n in json.loads(out)["items"]
+        if {c["type"]: c["status"] for c in n["status"]["conditions"]}.get("Ready") == "True"
+    )
 
 
 def our_namespaces(server: ServerHandle) -> set[str]:
@@ -88,6 +107,10 @@ def test_slurm_cluster_end_to_end(server_factory: Servers) -> None:
     )
     assert created["status"] == "ready" and len(created["nodes"]) == 2
     assert sinfo(server, "demo") == sorted([n["name"], "idle", "gpu:8"] for n in created["nodes"])
+    # Slurm clusters run Kubernetes too: every compute node is registered in both.
+    kubeconfig = server.home.parent / "demo.kubeconfig"
+    ok(server, "clusters", "credentials", "demo", "--file", str(kubeconfig))
+    assert k8s_nodes(kubeconfig) == sorted((n["name"], "8") for n in created["nodes"])
     # Jobs run as the member's own account (uid 10000), not root.
     assert ssh(server, "demo", "id", "-un").strip() == "admin"
     ssh(
@@ -152,6 +175,7 @@ def test_slurm_cluster_end_to_end(server_factory: Servers) -> None:
     assert drained not in {n["name"] for n in one["nodes"]}
     assert newest not in {n["name"] for n in one["nodes"]}
     assert "Restarts=1" in ssh(server, "demo", "scontrol", "show", "job", job)
+    assert k8s_nodes(kubeconfig) == [(one["nodes"][0]["name"], "8")]
     ssh(server, "demo", "scancel", job)
 
     # Ctrl-C and start again: the cluster is re-adopted as it was.

@@ -281,6 +281,9 @@ def kubelet_config(spec: K8sSpec, node: K8sNode) -> str:
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
         "registerNode": True,
+        # The device plugin's GPUs appear at the next status update: every
+        # 2 s instead of 10 (a small PATCH; the node is usable sooner).
+        "nodeStatusUpdateFrequency": "2s",
         "staticPodPath": "",
         # Lowering oom_score_adj needs CAP_SYS_RESOURCE (see containerd_config).
         "oomScoreAdj": 0,

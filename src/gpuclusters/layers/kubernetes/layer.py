@@ -139,6 +139,8 @@ class KubernetesLayer(ClusterLayer):
                 shared_volume=cluster.volume_id is not None, shared_capacity_gib=capacity_gib
             ),
         )
+        if cluster.volume_id is not None:
+            await stack.wait_bound(cp, spec, cfg.SHARED_PVC)
         await stack.reconcile_rbac(cp, spec, [(u.name, u.admin) for u in cluster.users])
         return True
 

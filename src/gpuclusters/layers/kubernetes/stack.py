@@ -221,6 +221,28 @@ async def apply(cp: NodeShell, spec: cfg.K8sSpec, objs: list[dict[str, Any]]) ->
         await kubectl(cp, spec, "apply", "-f", "-", stdin=cfg.as_list(objs).encode())
 
 
+async def wait_bound(
+    cp: NodeShell,
+    spec: cfg.K8sSpec,
+    pvc: str,
+    *,
+    namespace: str = "default",
+    timeout_s: float = 60.0,
+) -> None:
+    """Wait for the PV binder (in kube-controller-manager) to bind ``pvc``;
+    it does so asynchronously after the claim is created, and a cluster is
+    only ready once its shared-volume claim can be mounted."""
+
+    async def bound() -> bool | None:
+        phase = await kubectl(
+            cp, spec, "-n", namespace, "get", "pvc", pvc, "-o", "jsonpath={.status.phase}",
+            check=False,
+        )  # fmt: skip
+        return True if phase.strip() == "Bound" else None
+
+    await wait_for(bound, what=f"PVC {pvc} Bound", timeout_s=timeout_s, max_delay_s=0.5)
+
+
 async def reconcile_rbac(
     cp: NodeShell, spec: cfg.K8sSpec, users: Iterable[tuple[str, bool]]
 ) -> None:
