@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from gpuclusters import __version__
-from gpuclusters.cli import clusters, nodes, org, server, volumes
+from gpuclusters.cli import clusters, nodes, org, server, usage, volumes
 
 app = typer.Typer(
     name="gpuclusters",
@@ -24,6 +24,7 @@ app = typer.Typer(
 app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
 app.command("events")(nodes.events)
+app.command("usage")(usage.usage)
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(org.hosts_app, name="hosts")
 app.add_typer(org.projects_app, name="projects")

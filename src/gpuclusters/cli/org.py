@@ -42,7 +42,16 @@ def projects_table(projects: Sequence[Project]) -> RenderableType:
 
 def hosts_table(hosts: Sequence[Host]) -> RenderableType:
     t = table(
-        "NAME", "REGION", "GPU_TYPE", "GPUS", "NVME_GIB", "IB_ISLAND", "STATE", "CLUSTER", "NODE"
+        "NAME",
+        "REGION",
+        "GPU_TYPE",
+        "GPUS",
+        "NVME_GIB",
+        "IB_ISLAND",
+        "STATE",
+        "CLUSTER",
+        "NODE",
+        "CLASS",
     )
     for h in hosts:
         t.add_row(
@@ -55,6 +64,7 @@ def hosts_table(hosts: Sequence[Host]) -> RenderableType:
             Text(h.state.value, style="yellow" if h.state is HostState.CORDONED else ""),
             optional(h.cluster),
             optional(h.node),
+            optional(h.compute_class.value if h.compute_class else None),
         )
     return t
 
@@ -150,6 +160,37 @@ def hosts_list(output: OutputOpt = OutputFormat.TABLE) -> None:
     with open_client() as client:
         hosts = client.hosts.list()
     emit(output, hosts, render=lambda: hosts_table(hosts), empty="no hosts")
+
+
+HostArg = Annotated[str, typer.Argument(help="host name (see `hosts list`)")]
+
+
+@hosts_app.command("reclaim")
+@api_command
+def hosts_reclaim(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Take a host back from the preemptible pool: preempt the node on it
+    (five-minute protocol) and cordon it. `hosts uncordon` gives it back."""
+    with open_client() as client:
+        host = client.hosts.reclaim(name)
+    emit(output, host, render=lambda: hosts_table([host]))
+
+
+@hosts_app.command("cordon")
+@api_command
+def hosts_cordon(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Place nothing new on a host; what runs there keeps running."""
+    with open_client() as client:
+        host = client.hosts.cordon(name)
+    emit(output, host, render=lambda: hosts_table([host]))
+
+
+@hosts_app.command("uncordon")
+@api_command
+def hosts_uncordon(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Make a host available again (spare capacity for preemptible nodes)."""
+    with open_client() as client:
+        host = client.hosts.uncordon(name)
+    emit(output, host, render=lambda: hosts_table([host]))
 
 
 @gpu_types_app.command("list")

@@ -28,7 +28,7 @@ import httpx
 from gpuclusters.client._session import Session, make_http
 from gpuclusters.client.clusters import ClustersAPI
 from gpuclusters.client.config import ClientConfig
-from gpuclusters.client.nodes import EventsAPI, NodesAPI
+from gpuclusters.client.nodes import EventsAPI, NodesAPI, UsageAPI
 from gpuclusters.client.org import ApiKeysAPI, GpuTypesAPI, HostsAPI, ProjectsAPI, RegionsAPI
 from gpuclusters.client.volumes import VolumesAPI
 from gpuclusters.core.clientconfig import DEFAULT_PROJECT, ClientConfigError
@@ -57,6 +57,7 @@ class Client:
         self.clusters = ClustersAPI(self._session)
         self.nodes = NodesAPI(self._session)
         self.events = EventsAPI(self._session)
+        self.usage = UsageAPI(self._session)
         self.volumes = VolumesAPI(self._session)
         self.hosts = HostsAPI(self._session)
         self.projects = ProjectsAPI(self._session)

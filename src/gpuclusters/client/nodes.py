@@ -1,4 +1,5 @@
-"""``client.nodes`` and ``client.events``: read-only views of a project's nodes.
+"""``client.nodes``, ``client.events`` and ``client.usage``: read-only views
+of a project's nodes, their lifecycle and what they cost.
 
 Nodes are owned by clusters (scale the cluster to change them); events are the
 node lifecycle log (``ScaledUp``, ``Preempted``, ...), newest first.
@@ -7,9 +8,10 @@ node lifecycle log (``ScaledUp``, ``Preempted``, ...), newest first.
 from __future__ import annotations
 
 import builtins
+from datetime import datetime
 
 from gpuclusters.client._session import Session
-from gpuclusters.core.models import Node, NodeEvent
+from gpuclusters.core.models import Node, NodeEvent, UsageReport
 
 
 class NodesAPI:
@@ -41,3 +43,18 @@ class EventsAPI:
         return self._s.get_list(
             self._s.project_path("events"), NodeEvent, params={"cluster": cluster, "node": node}
         )
+
+
+class UsageAPI:
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def report(
+        self, *, since: datetime | None = None, until: datetime | None = None
+    ) -> UsageReport:
+        """GPU-hours and cost per cluster and class (default: the last 30 days)."""
+        params = {
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+        }
+        return self._s.get(self._s.project_path("usage"), UsageReport, params=params)

@@ -52,6 +52,18 @@ class HostsAPI:
         """The fleet (org admins only)."""
         return self._s.get_list("/v1/hosts", Host)
 
+    def reclaim(self, name: str) -> Host:
+        """Take the host back from the preemptible pool (preempting the node
+        on it) and cordon it; ``uncordon`` gives it back."""
+        return self._s.send("POST", f"/v1/hosts/{name}/reclaim", model=Host)
+
+    def cordon(self, name: str) -> Host:
+        """Place nothing new on the host; what runs there stays."""
+        return self._s.send("POST", f"/v1/hosts/{name}/cordon", model=Host)
+
+    def uncordon(self, name: str) -> Host:
+        return self._s.send("POST", f"/v1/hosts/{name}/uncordon", model=Host)
+
 
 class GpuTypesAPI:
     def __init__(self, session: Session) -> None:

@@ -98,6 +98,8 @@ class Host(_Out):
     state: HostState
     node: str | None = None
     cluster: str | None = None
+    compute_class: ComputeClass | None = None
+    node_phase: str | None = None
 
 
 # --- tenancy ------------------------------------------------------------------
@@ -353,6 +355,29 @@ class NodeEvent(_Out):
     timestamp: datetime
     first_timestamp: datetime
     count: int
+
+
+class UsageLine(_Out):
+    """GPU-hours and cost of one cluster's nodes of one compute class."""
+
+    cluster: str
+    compute_class: ComputeClass
+    gpu_type: str
+    nodes: int
+    node_hours: float
+    gpu_hours: float
+    rate_per_gpu_hour: float
+    cost: float
+
+
+class UsageReport(_Out):
+    project: str
+    since: datetime
+    until: datetime
+    currency: str = "USD"
+    lines: list[UsageLine]
+    total_gpu_hours: float
+    total_cost: float
 
 
 class AgentHeartbeat(_Model):

@@ -96,6 +96,32 @@ class ClusterLayer(ABC):
         cluster (e.g. slurm.conf extras, prolog/epilog, then reconfigure).
         Idempotent. Layers without such settings keep this no-op."""
 
+    # -- preemption (optional; defaults fit layers without workloads) ---------
+
+    async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
+        """How many workloads (jobs, pods) run on the node now; used to pick
+        the preemptible node whose preemption costs least."""
+        return 0
+
+    async def preempt(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> None:
+        """T+0 of the preemption protocol: cordon with ``reason``, tell the
+        orchestrator's users (e.g. a Kubernetes Warning event), and send the
+        workloads SIGTERM with their grace capped at ``deadline``. Called
+        again after a crash: must not lose track of the workloads that ran
+        at T+0."""
+        await self.cordon(cluster, node, reason=reason)
+
+    async def preemption_done(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        """True once no workload is left on the node and what ran there at
+        T+0 has been handed back to the orchestrator to run elsewhere
+        (Slurm: requeued). From ``deadline`` on, what is left is stopped
+        and handed back the same way. Never blocks for long."""
+        return await self.drain(cluster, node, reason=reason, deadline=deadline)
+
     @abstractmethod
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         """A kubeconfig for this user."""

@@ -61,6 +61,29 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         )
         return all(empty)
 
+    async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
+        counts = await asyncio.gather(
+            self.slurm.running_work(cluster, node), self.kubernetes.running_work(cluster, node)
+        )
+        return sum(counts)
+
+    async def preempt(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> None:
+        await asyncio.gather(
+            self.slurm.preempt(cluster, node, reason=reason, deadline=deadline),
+            self.kubernetes.preempt(cluster, node, reason=reason, deadline=deadline),
+        )
+
+    async def preemption_done(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        empty = await asyncio.gather(
+            self.slurm.preemption_done(cluster, node, reason=reason, deadline=deadline),
+            self.kubernetes.preemption_done(cluster, node, reason=reason, deadline=deadline),
+        )
+        return all(empty)
+
     async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
         if await self.slurm.is_cordoned(cluster, node):
             return True

@@ -41,6 +41,23 @@ class Settings(BaseSettings):
     controller_concurrency: int = Field(default=8, ge=1)
     event_retention_h: float = Field(default=72.0, gt=0)
     housekeeping_interval_s: float = Field(default=60.0, gt=0)
+    preemption_grace_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="time a preempted node's workloads get to checkpoint and exit "
+        "(the contract's five minutes; shorter in tests)",
+    )
+
+    # Metering.
+    gpu_hour_rates: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description='USD per GPU-hour by GPU type and class, e.g. {"H100_SXM": '
+        '{"standard": 2.5, "preemptible": 1.0}}; unset ones use the list prices '
+        "in core/pricing.py",
+    )
+    preemptible_discount: float = Field(
+        default=0.6, ge=0, le=1, description="preemptible discount off the standard rate"
+    )
 
     @field_validator("home")
     @classmethod

@@ -29,7 +29,7 @@ from gpuclusters.core.nodeshell import NodeAccess, NodeShell
 from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, LayerError, NodeRef
 from gpuclusters.layers.kubernetes import config as cfg
-from gpuclusters.layers.kubernetes import images, pki, stack
+from gpuclusters.layers.kubernetes import images, pki, preemption, stack
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,24 @@ class KubernetesLayer(ClusterLayer):
     ) -> bool:
         cp = await self._control_plane(cluster)
         return await stack.drain(cp, self._spec(cluster, cp), node.name, reason=reason)
+
+    async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
+        cp = await self._control_plane(cluster)
+        return await preemption.running_work(cp, self._spec(cluster, cp), node.name)
+
+    async def preempt(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> None:
+        cp = await self._control_plane(cluster)
+        spec = self._spec(cluster, cp)
+        await preemption.preempt(cp, spec, node.name, reason=reason, deadline=deadline)
+
+    async def preemption_done(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        cp = await self._control_plane(cluster)
+        spec = self._spec(cluster, cp)
+        return await preemption.preemption_done(cp, spec, node.name, deadline=deadline)
 
     async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
         cp = await self._control_plane(cluster)

@@ -416,7 +416,7 @@ async def cordon(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) ->
     return True
 
 
-def _workload_pods(pods: dict[str, Any]) -> list[str]:
+def workload_pods(pods: dict[str, Any]) -> list[dict[str, Any]]:
     """Pods that still hold the node: not DaemonSet-owned, not finished."""
     left = []
     for pod in pods.get("items", []):
@@ -425,8 +425,7 @@ def _workload_pods(pods: dict[str, Any]) -> list[str]:
             continue
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        meta = pod.get("metadata", {})
-        left.append(f"{meta.get('namespace')}/{meta.get('name')}")
+        left.append(pod)
     return left
 
 
@@ -450,7 +449,7 @@ async def drain(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> 
     out = await kubectl(
         cp, spec, "get", "pods", "-A", f"--field-selector=spec.nodeName={name}", "-o", "json"
     )
-    return not _workload_pods(json.loads(out))
+    return not workload_pods(json.loads(out))
 
 
 async def is_cordoned_by_user(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> bool:

@@ -27,7 +27,7 @@ from gpuclusters.core.nodeshell import NodeAccess, NodeShell
 from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.layers.slurm import config as cfg
-from gpuclusters.layers.slurm import stack
+from gpuclusters.layers.slurm import preemption, stack
 from gpuclusters.layers.slurm.status import active_jobs_on
 
 CONTROLLER = "controller"
@@ -157,6 +157,25 @@ class SlurmLayer(ClusterLayer):
         except Exception:  # the node is already gone: only slurmctld needs telling
             shell = None
         await stack.remove(controller, node.name, node=shell)
+        await preemption.forget(controller, node.name)
+
+    async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
+        controller = await self._service(cluster, CONTROLLER)
+        return await preemption.running_work(controller, node.name)
+
+    async def preempt(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> None:
+        controller = await self._service(cluster, CONTROLLER)
+        await preemption.preempt(controller, node.name, reason=reason, deadline=deadline)
+
+    async def preemption_done(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        controller = await self._service(cluster, CONTROLLER)
+        return await preemption.preemption_done(
+            controller, node.name, reason=reason, deadline=deadline
+        )
 
     async def delete(self, cluster: ClusterRef) -> None:
         # Compute nodes are released before the cluster is deleted; the service

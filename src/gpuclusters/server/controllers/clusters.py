@@ -3,9 +3,12 @@
 queued -> waiting_for_control_plane -> waiting_for_volume -> waiting_for_nodes
 -> running_acceptance_tests -> ready <-> degraded, and deleting -> deleted.
 
-Node rows are created by the services (so capacity errors are answered
-synchronously and atomically); this reconciler only watches them. Each pass
-may take several steps; every write is fenced by the lease token.
+Node rows of standard nodes are created by the services (so capacity
+errors are answered synchronously and atomically); this reconciler only
+watches them. It also fills the cluster's preemptible pool: once the control
+plane is up, it adds preemptible nodes on spare hosts toward the target
+(``num_preemptible_gpus``) whenever spare capacity appears. Each pass may
+take several steps; every write is fenced by the lease token.
 """
 
 from __future__ import annotations
@@ -15,16 +18,31 @@ from collections.abc import Sequence
 from sqlalchemy import exists, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.core.enums import ClusterStatus, ComputeClass, NodePhase, VolumeStatus
+from gpuclusters.core.capacity.preemption import preemptible_deficit
+from gpuclusters.core.enums import (
+    ClusterStatus,
+    ComputeClass,
+    EventReason,
+    NodePhase,
+    VolumeStatus,
+)
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref
+from gpuclusters.server.db.allocation import allocate_nodes, placement_guard, spare_hosts
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
-from gpuclusters.server.db.records import set_cluster_status
+from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 
 S = ClusterStatus
 _SETTLED = (S.READY.value, S.FAILED.value)
+# Statuses in which the preemptible pool grows (the control plane is up).
+_POOL_STATUSES = (
+    S.WAITING_FOR_NODES.value,
+    S.RUNNING_ACCEPTANCE_TESTS.value,
+    S.READY.value,
+    S.DEGRADED.value,
+)
 
 
 class ClusterReconciler(SteppedReconciler):
@@ -54,8 +72,78 @@ class ClusterReconciler(SteppedReconciler):
         ready = await session.scalars(
             select(Cluster.id).where(Cluster.deleted_at.is_(None), Cluster.status == S.READY.value)
         )
+        pool = await self._pool_candidates(session)
         # Ready clusters need one look per server process (see step()).
-        return list(dict.fromkeys([*busy, *(c for c in ready if c not in self._verified)]))
+        return list(dict.fromkeys([*busy, *(c for c in ready if c not in self._verified), *pool]))
+
+    async def _pool_candidates(self, session: AsyncSession) -> list[str]:
+        """Clusters short of their preemptible target while spare hosts of
+        their GPU type exist."""
+        clusters = list(
+            await session.scalars(
+                select(Cluster).where(
+                    Cluster.deleted_at.is_(None),
+                    Cluster.num_preemptible_gpus > 0,
+                    Cluster.status.in_(_POOL_STATUSES),
+                )
+            )
+        )
+        out = []
+        for c in clusters:
+            if await self._pool_deficit(session, c) and await spare_hosts(session, cluster=c):
+                out.append(c.id)
+        return out
+
+    @staticmethod
+    async def _pool_deficit(session: AsyncSession, cluster: Cluster) -> int:
+        live = len(
+            list(
+                await session.scalars(
+                    select(Node.id).where(
+                        Node.cluster_id == cluster.id,
+                        Node.deleted_at.is_(None),
+                        Node.to_delete.is_(False),
+                        Node.compute_class == ComputeClass.PREEMPTIBLE.value,
+                    )
+                )
+            )
+        )
+        return preemptible_deficit(target_gpus=cluster.num_preemptible_gpus, live_nodes=live)
+
+    async def _fill_pool(self, row_id: str, token: str) -> bool:
+        """Add preemptible nodes on spare hosts toward the target; True if any."""
+        async with (
+            self.ctx.sessionmaker() as session,
+            placement_guard(session, self.rt.placement_lock),
+        ):
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            cluster = await session.get_one(Cluster, row_id)
+            if cluster.status not in _POOL_STATUSES:
+                return False
+            count = min(
+                await self._pool_deficit(session, cluster),
+                await spare_hosts(session, cluster=cluster),
+            )
+            if count <= 0:
+                return False
+            added = await allocate_nodes(
+                session,
+                cluster=cluster,
+                count=count,
+                compute_class=ComputeClass.PREEMPTIBLE.value,
+            )
+            await session.flush()
+            for node in added:
+                await record_event(
+                    session,
+                    node,
+                    EventReason.SCALED_UP,
+                    f"preemptible node {node.name} added on spare capacity "
+                    f"(target {cluster.num_preemptible_gpus} GPUs)",
+                )
+            await session.commit()
+        self.ctx.hints.notify(hints.NODES)
+        return True
 
     async def _load(self, session: AsyncSession, row_id: str) -> tuple[Cluster, list[Node]]:
         cluster = await session.get_one(Cluster, row_id)
@@ -101,6 +189,13 @@ class ClusterReconciler(SteppedReconciler):
 
         if status is S.WAITING_FOR_VOLUME:
             return await self._bind_volume(row_id, token)
+
+        if (
+            cluster.status in _POOL_STATUSES
+            and cluster.num_preemptible_gpus > 0
+            and await self._fill_pool(row_id, token)
+        ):
+            return True
 
         standard = [
             n for n in nodes if n.compute_class == ComputeClass.STANDARD.value and not n.to_delete

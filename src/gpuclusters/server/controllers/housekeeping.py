@@ -27,7 +27,7 @@ from gpuclusters.core.enums import EventReason, NodePhase
 from gpuclusters.providers.base import InstanceState
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.db.models import Node, NodeEvent, utcnow
-from gpuclusters.server.db.records import record_event, set_node_phase
+from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ async def check_running_nodes(rt: Runtime) -> int:
                 continue
             set_node_phase(row, NodePhase.FAILED.value, message)
             await record_event(session, row, EventReason.NODE_FAILED, message)
+            await close_usage(session, row)
             await session.commit()
         failed += 1
     if failed:

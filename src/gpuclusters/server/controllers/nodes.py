@@ -3,6 +3,17 @@
 pending -> scheduling -> booting -> bootstrapping -> running, and, once the
 node is marked ``to_delete``, draining -> releasing -> deleted.
 
+Preemption (``delete_reason == "preempted"``) is the same path with the
+protocol of docs/preemptible.md: T+0 is recorded first (deadline, event
+``PreemptionNotified``), then the notice is written on the node and the
+layer signals the workloads, then the node is released as soon as the layer
+says no work is left, or at the deadline regardless (event ``Preempted``).
+A standard node that awaits a host (``awaited_host_id``) stays pending until
+the node holding that host is gone, then takes it.
+
+Metering follows the phases: a usage record opens when a node is running
+and closes when it is released, fails or is lost.
+
 Crash safety: the node row (with its host) exists before the provider is
 asked for anything, and provider calls are idempotent on the node id, so a
 crash between "ask" and "record" only means asking again. A node whose
@@ -11,26 +22,33 @@ provider instance vanished while booting is asked for again.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.enums import EventReason, NodePhase
-from gpuclusters.layers.base import PermanentLayerError
+from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef, PermanentLayerError
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref, node_spec
 from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
-from gpuclusters.server.db.records import record_event, set_node_phase
+from gpuclusters.server.db.records import close_usage, open_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.keys import hash_key, new_key
+
+log = logging.getLogger(__name__)
 
 P = NodePhase
 DRAIN_REASON = "gpuclusters: node removed"
 AGENT_TOKEN_PATH = "/etc/gpuclusters/agent-token"
+PREEMPTED = "preempted"  # Node.delete_reason (services.allocation.PREEMPTED)
+# Where workloads on a node read that it is being preempted, and until when.
+PREEMPTION_NOTICE = "/run/gpuclusters/preemption.json"
 
 
 class NodeReconciler(SteppedReconciler):
@@ -80,6 +98,9 @@ class NodeReconciler(SteppedReconciler):
         if node.deleted_at is not None:
             return False
 
+        if node.to_delete and node.delete_reason == PREEMPTED and phase is not P.RELEASING:
+            return await self._preempt(row_id, token, node, cluster, layer, cref, nref)
+
         if node.to_delete:
             if phase in (P.RUNNING, P.BOOTSTRAPPING):
                 await layer.cordon(cref, nref, reason=DRAIN_REASON)
@@ -95,6 +116,9 @@ class NodeReconciler(SteppedReconciler):
             await layer.remove_node(cref, nref)
             await self.rt.provider.delete(node.id)
             return await self._write(row_id, token, phase=P.DELETED, deleted=True)
+
+        if phase is P.PENDING and node.host_id is None and node.awaited_host_id is not None:
+            return await self._take_awaited_host(row_id, token)
 
         if phase is P.PENDING:
             return await self._write(
@@ -148,6 +172,122 @@ class NodeReconciler(SteppedReconciler):
 
         return False
 
+    async def _take_awaited_host(self, row_id: str, token: str) -> bool:
+        """Take the awaited host once no live node holds it any more."""
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            node = await session.get_one(Node, row_id)
+            host_id = node.awaited_host_id
+            if host_id is None:
+                return False
+            holder = await session.scalar(
+                select(Node.id).where(Node.host_id == host_id, Node.deleted_at.is_(None))
+            )
+            if holder is not None:
+                return False  # still being released; its deletion hints us
+            host = await session.get_one(Host, host_id)
+            node.host_id, node.awaited_host_id = host_id, None
+            set_node_phase(node, P.SCHEDULING.value, f"placed on {host.name}")
+            await session.commit()
+        return True
+
+    async def _preempt(
+        self,
+        row_id: str,
+        token: str,
+        node: Node,
+        cluster: Cluster,
+        layer: ClusterLayer,
+        cref: ClusterRef,
+        nref: NodeRef,
+    ) -> bool:
+        """One step of the preemption protocol (see module docstring)."""
+        phase = P(node.phase)
+        why = node.message or "host reclaimed for standard capacity"
+        if phase in (P.RUNNING, P.BOOTSTRAPPING) or (
+            phase is P.DRAINING and node.preempt_deadline is None
+        ):
+            # T+0, recorded before anything is done, so a crash from here on
+            # resumes with the same deadline.
+            now = utcnow()
+            deadline = now + timedelta(seconds=self.rt.settings.preemption_grace_s)
+            async with self.ctx.sessionmaker() as session:
+                await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+                row = await session.get_one(Node, row_id)
+                set_node_phase(row, P.DRAINING.value, why)
+                row.preempt_deadline = deadline
+                row.cordoned = True
+                await record_event(
+                    session,
+                    row,
+                    EventReason.PREEMPTION_NOTIFIED,
+                    f"{why}; workloads get SIGTERM now and the node is released when they "
+                    f"have exited, at {deadline.isoformat(timespec='seconds')} at the latest",
+                )
+                await session.commit()
+            return True
+
+        if phase is P.DRAINING:
+            assert node.preempt_deadline is not None
+            deadline = node.preempt_deadline
+            reason = f"preempted deadline={deadline:%Y-%m-%dT%H:%M:%SZ}"
+            if not node.preempt_signalled:
+                await self._write_notice(node, cluster, why=why, deadline=deadline)
+                await layer.preempt(cref, nref, reason=reason, deadline=deadline)
+                async with self.ctx.sessionmaker() as session:
+                    await leases.fence(
+                        session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+                    )
+                    row = await session.get_one(Node, row_id)
+                    row.preempt_signalled = True
+                    await session.commit()
+            done = await layer.preemption_done(cref, nref, reason=reason, deadline=deadline)
+            now = utcnow()
+            if not done and now < deadline:
+                return False
+            t0 = deadline - timedelta(seconds=self.rt.settings.preemption_grace_s)
+            took = max(0.0, (now - t0).total_seconds())
+            how = "its workloads exited" if done else "the grace period ended"
+            return await self._write(
+                row_id,
+                token,
+                phase=P.RELEASING,
+                message=why,
+                event=(EventReason.PREEMPTED, f"released {took:.1f}s after notice: {how}"),
+            )
+
+        # Not running yet (or failed): nothing to signal, release at once.
+        return await self._write(
+            row_id,
+            token,
+            phase=P.RELEASING,
+            message=why,
+            event=(EventReason.PREEMPTED, f"released before it ran: {why}"),
+        )
+
+    async def _write_notice(
+        self, node: Node, cluster: Cluster, *, why: str, deadline: datetime
+    ) -> None:
+        """The notice workloads on the node can read (and poll for)."""
+        access = self.rt.node_access
+        if access is None:
+            return
+        notice = {
+            "node": node.name,
+            "cluster": cluster.name,
+            "reason": why,
+            "notified_at": (
+                deadline - timedelta(seconds=self.rt.settings.preemption_grace_s)
+            ).isoformat(),
+            "deadline": deadline.isoformat(),
+            "grace_seconds": self.rt.settings.preemption_grace_s,
+        }
+        try:
+            shell = await access.shell(node.id)
+            await shell.write_file(PREEMPTION_NOTICE, json.dumps(notice, indent=2).encode() + b"\n")
+        except Exception as exc:  # a node that is gone has no workloads to tell
+            log.info("preemption notice on %s not written: %s", node.name, exc)
+
     async def _enroll_agent(self, row_id: str, token: str) -> bool:
         """Give the node's agent its token (only the hash is kept) and learn
         the node's address. Re-running makes a new token: harmless, the old
@@ -174,6 +314,7 @@ class NodeReconciler(SteppedReconciler):
         message: str = "",
         cordoned: bool | None = None,
         deleted: bool = False,
+        event: tuple[EventReason, str] | None = None,
     ) -> bool:
         async with self.ctx.sessionmaker() as session:
             await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
@@ -192,8 +333,13 @@ class NodeReconciler(SteppedReconciler):
                 await record_event(
                     session, node, EventReason.NODE_ADDED, f"node {node.name} is running"
                 )
+                await open_usage(session, node, await session.get_one(Cluster, node.cluster_id))
             elif phase is P.FAILED:
                 await record_event(session, node, EventReason.NODE_FAILED, message)
+            if phase in (P.RELEASING, P.DELETED, P.FAILED, P.SCHEDULING):
+                await close_usage(session, node)  # billing stops at release
+            if event is not None:
+                await record_event(session, node, event[0], event[1])
             if deleted:
                 node.deleted_at = utcnow()
                 if node.delete_reason == "scale_down":

@@ -243,6 +243,15 @@ class Node(LeaseMixin, Base):
     # reconciler drains and releases it.
     to_delete: Mapped[bool] = mapped_column(Boolean, default=False)
     delete_reason: Mapped[str | None] = mapped_column(String(32), default=None)
+    # A standard node placed on a host that a preempted node still holds
+    # waits here (host_id stays empty: one live node per host) until that
+    # node is released, then takes the host.
+    awaited_host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.id"), default=None)
+    # Preemption (delete_reason "preempted"): T+0 plus the grace window, set
+    # once when the protocol starts; the node is released when its work is
+    # gone or at this time, whichever comes first.
+    preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    preempt_signalled: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     phase_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
@@ -265,3 +274,23 @@ class NodeEvent(Base):
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+
+
+class UsageRecord(Base):
+    """Metering: one row per node from the moment it is live (running) to
+    its release. Open rows (``ended_at`` NULL) are billed up to now. Rows
+    copy what pricing needs (GPU type, class, GPU count, names), so they
+    outlive the node and the cluster unchanged."""
+
+    __tablename__ = "usage_records"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(String(32))
+    cluster_name: Mapped[str] = mapped_column(String(64))
+    node_id: Mapped[str] = mapped_column(String(32), index=True)
+    node_name: Mapped[str] = mapped_column(String(64))
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    compute_class: Mapped[str] = mapped_column(String(16))
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)

@@ -7,7 +7,15 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, NodeEvent, utcnow
+from gpuclusters.core.enums import GPUS_PER_NODE
+from gpuclusters.server.db.models import (
+    Cluster,
+    ClusterPhase,
+    Node,
+    NodeEvent,
+    UsageRecord,
+    utcnow,
+)
 
 
 async def set_cluster_status(
@@ -67,3 +75,36 @@ def set_node_phase(node: Node, phase: str, message: str = "") -> None:
     node.phase = phase
     node.message = message
     node.phase_changed_at = utcnow()
+
+
+async def open_usage(session: AsyncSession, node: Node, cluster: Cluster) -> None:
+    """Start metering a node that went live; a no-op if it is metered already
+    (a step repeated after a crash opens no second record)."""
+    if await _open_usage(session, node.id) is not None:
+        return
+    session.add(
+        UsageRecord(
+            project_id=node.project_id,
+            cluster_id=cluster.id,
+            cluster_name=cluster.name,
+            node_id=node.id,
+            node_name=node.name,
+            gpu_type=cluster.gpu_type,
+            compute_class=node.compute_class,
+            num_gpus=GPUS_PER_NODE,
+            started_at=utcnow(),
+        )
+    )
+
+
+async def close_usage(session: AsyncSession, node: Node) -> None:
+    """Stop metering a node (released, failed or lost); a no-op if not metered."""
+    record = await _open_usage(session, node.id)
+    if record is not None:
+        record.ended_at = utcnow()
+
+
+async def _open_usage(session: AsyncSession, node_id: str) -> UsageRecord | None:
+    return await session.scalar(
+        select(UsageRecord).where(UsageRecord.node_id == node_id, UsageRecord.ended_at.is_(None))
+    )

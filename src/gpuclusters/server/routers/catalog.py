@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gpuclusters.core import models as api
-from gpuclusters.server.deps import PrincipalDep, SessionDep
+from gpuclusters.core.enums import HostState
+from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.services import catalog, tenancy
 
 router = APIRouter(prefix="/v1")
@@ -29,6 +30,31 @@ async def regions(session: SessionDep, principal: PrincipalDep) -> list[api.Regi
 @router.get("/hosts", response_model=list[api.Host])
 async def hosts(session: SessionDep, principal: PrincipalDep) -> list[api.Host]:
     return await catalog.list_hosts(session, principal=principal)
+
+
+@router.post("/hosts/{name}/reclaim", response_model=api.Host)
+async def reclaim_host(
+    name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.Host:
+    return await catalog.reclaim_host(session, rt=rt, principal=principal, name=name)
+
+
+@router.post("/hosts/{name}/cordon", response_model=api.Host)
+async def cordon_host(
+    name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.Host:
+    return await catalog.set_host_state(
+        session, rt=rt, principal=principal, name=name, state=HostState.CORDONED
+    )
+
+
+@router.post("/hosts/{name}/uncordon", response_model=api.Host)
+async def uncordon_host(
+    name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.Host:
+    return await catalog.set_host_state(
+        session, rt=rt, principal=principal, name=name, state=HostState.AVAILABLE
+    )
 
 
 @router.get("/projects", response_model=list[api.Project])

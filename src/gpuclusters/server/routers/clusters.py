@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Body
 
 from gpuclusters.core import models as api
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
-from gpuclusters.server.services import clusters, credentials, nodes, ssh
+from gpuclusters.server.services import clusters, credentials, nodes, ssh, usage
 
 router = APIRouter(prefix="/v1/projects/{project}")
 
@@ -147,4 +148,18 @@ async def list_events(
 ) -> list[api.NodeEvent]:
     return await nodes.list_events(
         session, principal=principal, project_name=project, cluster=cluster, node=node
+    )
+
+
+@router.get("/usage", response_model=api.UsageReport)
+async def usage_report(
+    project: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> api.UsageReport:
+    return await usage.usage_report(
+        session, rt=rt, principal=principal, project_name=project, since=since, until=until
     )

@@ -10,12 +10,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
 from gpuclusters.core.catalog import GPU_TYPES
-from gpuclusters.core.enums import HostState
-from gpuclusters.core.errors import ValidationError
+from gpuclusters.core.enums import ComputeClass, HostState
+from gpuclusters.core.errors import InvalidStateError, NotFoundError, ValidationError
 from gpuclusters.providers.base import HostSpec
+from gpuclusters.server.controllers import hints
+from gpuclusters.server.db.allocation import host_slots, mark_preempted
 from gpuclusters.server.db.models import Cluster, Host, Node
+from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
-from gpuclusters.server.services.allocation import host_slots
 from gpuclusters.server.services.tenancy import require_org_admin
 
 
@@ -77,17 +79,20 @@ async def list_regions(session: AsyncSession) -> list[api.Region]:
     ]
 
 
-async def list_hosts(session: AsyncSession, *, principal: Principal) -> list[api.Host]:
+async def list_hosts(
+    session: AsyncSession, *, principal: Principal, name: str | None = None
+) -> list[api.Host]:
     require_org_admin(principal, "the host inventory")
-    rows = (
-        await session.execute(
-            select(Host, Node.name, Cluster.name)
-            .outerjoin(Node, (Node.host_id == Host.id) & Node.deleted_at.is_(None))
-            .outerjoin(Cluster, Cluster.id == Node.cluster_id)
-            .where(Host.in_fleet.is_(True))
-            .order_by(Host.name)
-        )
-    ).all()
+    query = (
+        select(Host, Node, Cluster.name)
+        .outerjoin(Node, (Node.host_id == Host.id) & Node.deleted_at.is_(None))
+        .outerjoin(Cluster, Cluster.id == Node.cluster_id)
+        .where(Host.in_fleet.is_(True))
+        .order_by(Host.name)
+    )
+    if name is not None:
+        query = query.where(Host.name == name)
+    rows = (await session.execute(query)).all()
     return [
         api.Host(
             name=h.name,
@@ -97,8 +102,56 @@ async def list_hosts(session: AsyncSession, *, principal: Principal) -> list[api
             nvme_gib=h.nvme_gib,
             ib_island=h.ib_island,
             state=HostState(h.state),
-            node=node_name,
+            node=node.name if node else None,
             cluster=cluster_name,
+            compute_class=ComputeClass(node.compute_class) if node else None,
+            node_phase=node.phase if node else None,
         )
-        for h, node_name, cluster_name in rows
+        for h, node, cluster_name in rows
     ]
+
+
+async def _host(session: AsyncSession, name: str) -> Host:
+    host = await session.scalar(select(Host).where(Host.name == name, Host.in_fleet.is_(True)))
+    if host is None:
+        raise NotFoundError(f"host {name!r} not found in the fleet", field="name")
+    return host
+
+
+async def set_host_state(
+    session: AsyncSession, *, rt: Runtime, principal: Principal, name: str, state: HostState
+) -> api.Host:
+    """Cordon (nothing new is placed there; what runs stays) or uncordon a
+    host. Idempotent."""
+    require_org_admin(principal, "the host inventory")
+    host = await _host(session, name)
+    host.state = state.value
+    await session.commit()
+    rt.hints.notify(hints.CLUSTERS)  # an uncordoned host is spare capacity again
+    return (await list_hosts(session, principal=principal, name=name))[0]
+
+
+async def reclaim_host(
+    session: AsyncSession, *, rt: Runtime, principal: Principal, name: str
+) -> api.Host:
+    """Take a host back from the preemptible pool: cordon it (so the pool
+    does not fill it again) and preempt the preemptible node on it with the
+    full protocol. A host that runs a standard node is refused; one that is
+    empty is just cordoned. Idempotent; ``hosts uncordon`` gives it back."""
+    require_org_admin(principal, "the host inventory")
+    host = await _host(session, name)
+    node = await session.scalar(
+        select(Node).where(Node.host_id == host.id, Node.deleted_at.is_(None))
+    )
+    if node is not None and node.compute_class != ComputeClass.PREEMPTIBLE.value:
+        raise InvalidStateError(
+            f"host {name} runs standard node {node.name}; only hosts of preemptible nodes "
+            "can be reclaimed (scale that cluster down instead)",
+            field="name",
+        )
+    host.state = HostState.CORDONED.value
+    if node is not None:
+        await mark_preempted(session, host_id=host.id, why=f"host {name} reclaimed by an admin")
+    await session.commit()
+    rt.hints.notify(hints.NODES)
+    return (await list_hosts(session, principal=principal, name=name))[0]

@@ -8,6 +8,7 @@ is no capacity and a crash can never leave a cluster without its node rows
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy import select
@@ -15,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
+from gpuclusters.core.capacity.preemption import preemptible_surplus
 from gpuclusters.core.capacity.scale_down import NodeSnapshot, choose_nodes_to_remove
 from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.enums import (
@@ -38,18 +40,38 @@ from gpuclusters.core.errors import (
 from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref
+from gpuclusters.server.db.allocation import WorkProbe, allocate_nodes, placement_guard
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
-from gpuclusters.server.services.allocation import allocate_nodes, placement_guard
 from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import cluster_view, cluster_views
 
+log = logging.getLogger(__name__)
+
 # Concurrent creates may race for the same host; the unique index makes the
 # loser fail, and it simply places again with a fresh view of the fleet.
 PLACEMENT_ATTEMPTS = 3
+
+
+def work_probe(session: AsyncSession, rt: Runtime) -> WorkProbe:
+    """How much work runs on a preemptible node, asked of its cluster's
+    orchestrator; a node whose orchestrator does not answer counts as busy
+    (the safe guess when choosing whom to preempt)."""
+
+    async def probe(node: Node) -> int:
+        cluster = await session.get_one(Cluster, node.cluster_id)
+        host = await session.get(Host, node.host_id) if node.host_id else None
+        try:
+            layer = rt.layer_for(cluster.cluster_type)
+            return await layer.running_work(cluster_ref(cluster), node_ref(node, host))
+        except Exception as exc:
+            log.info("running work on %s unknown (%s); counted as busy", node.name, exc)
+            return 1
+
+    return probe
 
 
 async def _get_live(session: AsyncSession, project: Project, name: str) -> Cluster:
@@ -219,6 +241,7 @@ async def _create_once(
         cluster=cluster,
         count=body.num_gpus // GPUS_PER_NODE,
         compute_class=ComputeClass.STANDARD.value,
+        work=work_probe(session, rt),
     )
     await session.flush()
     # The answer is built inside the transaction, so it shows exactly what
@@ -272,7 +295,7 @@ async def update_cluster(
         if body.reservation_end is not None:
             _extend_reservation(cluster, body)
         if body.num_preemptible_gpus is not None:
-            cluster.num_preemptible_gpus = body.num_preemptible_gpus
+            await _set_preemptible_target(session, cluster, body.num_preemptible_gpus)
         if body.slurm is not None:
             _set_slurm(cluster, body.slurm)
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
@@ -286,6 +309,39 @@ async def update_cluster(
     view = await _placing(rt, session, attempt)
     rt.hints.notify(hints.CLUSTERS, hints.NODES)
     return view
+
+
+async def _set_preemptible_target(session: AsyncSession, cluster: Cluster, gpus: int) -> None:
+    """A higher target is filled by the cluster reconciler as spare capacity
+    allows; a lower one removes the surplus at once (nodes still booting
+    first, then the newest), with an ordinary drain, not a preemption."""
+    cluster.num_preemptible_gpus = gpus
+    live = list(
+        await session.scalars(
+            select(Node).where(
+                Node.cluster_id == cluster.id,
+                Node.deleted_at.is_(None),
+                Node.to_delete.is_(False),
+                Node.compute_class == ComputeClass.PREEMPTIBLE.value,
+            )
+        )
+    )
+    surplus = preemptible_surplus(target_gpus=gpus, live_nodes=len(live))
+    snapshots = [
+        NodeSnapshot(
+            name=n.name,
+            cordoned=False,
+            running=n.phase == NodePhase.RUNNING.value,
+            failed=n.phase == NodePhase.FAILED.value,
+            created_at=n.created_at,
+        )
+        for n in live
+    ]
+    victims = set(choose_nodes_to_remove(snapshots, count=surplus))
+    for n in live:
+        if n.name in victims:
+            n.to_delete = True
+            n.delete_reason = "scale_down"
 
 
 def _set_slurm(cluster: Cluster, settings: api.SlurmSettings) -> None:
@@ -334,6 +390,7 @@ async def _scale(session: AsyncSession, *, rt: Runtime, cluster: Cluster, num_gp
             cluster=cluster,
             count=want - len(live),
             compute_class=ComputeClass.STANDARD.value,
+            work=work_probe(session, rt),
         )
         await session.flush()
         for node in added:
