@@ -246,4 +246,4 @@ async def test_control_plane_home_is_hidden_from_nodes(var_home: Fleet) -> None:
     assert (await sh.run(["touch", f"{home}/x"], check=False)).returncode != 0
     await sh.run(["sh", "-c", "echo v > /mnt/shared/v; echo s > /scratch/s"])
     assert (volume / "data" / "v").read_text() == "v\n"
-    assert await out(sh, "ls", "/run/gpuclusters") == ""
+    assert await out(sh, "ls", "/run/gpuclusters/control") == ""

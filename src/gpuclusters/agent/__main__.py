@@ -67,7 +67,7 @@ def start_device_plugin(gpus: GpuBackend) -> DevicePluginRunner | None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     node_file = Path(os.environ.get("GPUCLUSTERS_AGENT_NODE_FILE", "/etc/gpuclusters/node.json"))
-    sock = os.environ.get("GPUCLUSTERS_AGENT_SOCKET", "/run/gpuclusters/agent.sock")
+    sock = os.environ.get("GPUCLUSTERS_AGENT_SOCKET", "/run/gpuclusters/control/agent.sock")
     token_file = Path(
         os.environ.get("GPUCLUSTERS_AGENT_TOKEN_FILE", "/etc/gpuclusters/agent-token")
     )

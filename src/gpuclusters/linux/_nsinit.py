@@ -14,7 +14,9 @@ root in ``spec.root`` (a per-node directory on the host) and pivots into it:
     /usr /opt /work…  every other top-level host dir, bound read-only
     /bin /lib…        the host's top-level symlinks, copied
     /etc /var         overlayfs: host dir below, per-node upper above
-    /run              fresh tmpfs; /run/gpuclusters = host's run_dir
+    /run              fresh tmpfs; /run/gpuclusters the node's own (e.g. the
+                      preemption notice); /run/gpuclusters/control = host's
+                      run_dir (the control plane's agent socket)
     /tmp /scratch     per-node host dirs
     binds             per-node host dirs over paths in the /var overlay
                       (/var/lib/containerd, /var/lib/kubelet)
@@ -216,7 +218,10 @@ def boot(spec: dict[str, Any]) -> None:
     for sub, mode in (("gpuclusters", 0o755), ("gpuclusters-daemons", 0o755), ("lock", 0o1777)):
         os.mkdir(at("/run/" + sub))
         os.chmod(at("/run/" + sub), mode)
-    bind(spec["run_dir"], at("/run/gpuclusters"))
+    # The control plane's directory (agent socket) is shared by every node,
+    # so it sits one level down: /run/gpuclusters itself is the node's own.
+    os.mkdir(at("/run/gpuclusters/control"))
+    bind(spec["run_dir"], at("/run/gpuclusters/control"))
     bind(spec["tmp"], at("/tmp"))
     bind(spec["scratch"], at("/scratch"))
     if spec["shared"]:

@@ -25,7 +25,8 @@ from gpuclusters.server.settings import Settings
 
 def agent_socket(home: Path) -> socket.socket:
     """The unix socket node agents reach the control plane on. It lives in
-    ``$HOME/run``, which providers mount into nodes at /run/gpuclusters."""
+    ``$HOME/run``, which providers mount into nodes at
+    /run/gpuclusters/control."""
     run_dir = home / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "agent.sock"

@@ -2,7 +2,7 @@
 
 Under ``$GPUCLUSTERS_HOME``: ``netns-provider.json`` (state), ``nodes/<id>/``
 (per-node disks and overlay layers), ``run/`` (bound into every node at
-``/run/gpuclusters``; the control plane's agent socket lives there) and
+``/run/gpuclusters/control``; the control plane's agent socket lives there) and
 ``volumes/`` (the shared volumes). Namespaces are pinned in ``ns_dir``
 (``/run/gpuclusters/ns``), which is host-wide, like ``/run/netns``.
 """

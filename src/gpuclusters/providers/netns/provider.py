@@ -69,7 +69,7 @@ from gpuclusters.providers.netns.state import (
 log = logging.getLogger(__name__)
 
 AGENT = "agent"
-AGENT_SOCKET = "/run/gpuclusters/agent.sock"
+AGENT_SOCKET = "/run/gpuclusters/control/agent.sock"
 NODE_FILE = "/etc/gpuclusters/node.json"
 
 
