@@ -1,7 +1,8 @@
 """Preemption on the embedded fleet: the control plane's overhead, and time to a replacement.
 
 One Slurm cluster (8 standard + 8 preemptible GPUs) on the real server
-(``gpuclusters server --provider netns``, fresh home under /tmp, default
+(``gpuclusters server --provider netns``, fresh home under /tmp, a fleet of
+exactly two hosts so a reclaimed host is the only spare one, default
 settings: 300 s grace, 2 s reconcile poll). Each round (``--repeat``):
 
 1. A batch job runs on the preemptible node. It traps SIGTERM, notes the
@@ -85,6 +86,13 @@ class Bench:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
         env["GPUCLUSTERS_HOME"] = str(self.home)
+        fleet = self.home / "fleet.yaml"
+        fleet.write_text(
+            "hosts:\n"
+            "  - {name: h100-a-01, gpu_type: H100_SXM, region: local-1, ib_island: ib-a}\n"
+            "  - {name: h100-a-02, gpu_type: H100_SXM, region: local-1, ib_island: ib-a}\n"
+        )
+        env["GPUCLUSTERS_FLEET_FILE"] = str(fleet)
         self.exe = Path(sys.executable).parent / "gpuclusters"
         self.env = env
         self.proc = subprocess.Popen(

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import types
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -611,3 +612,144 @@ def test_credentials_error_from_server_writes_nothing(api: FakeApi, tmp_path: Pa
     assert result.exit_code == 1
     assert "error [invalid_state]: cluster train is queued, not ready" in result.stderr
     assert not path.exists()
+
+
+# --- capacity, preemption, usage -----------------------------------------------------------
+
+
+def test_create_queue_and_start_at_reach_the_request(api: FakeApi) -> None:
+    api.on("POST", "/v1/projects/default/clusters", ok(cluster_json(), 201))
+
+    result = run(
+        "clusters", "create", "train", "--type", "slurm", "--gpus", "8", "--queue",
+        "--start-at", "2030-01-01T00:00:00Z", "-o", "json",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    body = json.loads(api.requests[0].content)
+    assert body["queue_if_unavailable"] is True and body["start_at"] == "2030-01-01T00:00:00Z"
+
+
+def host_json(state: str = "cordoned") -> dict[str, Any]:
+    return {
+        "name": "h100-a-01",
+        "region": "local-1",
+        "gpu_type": "H100_SXM",
+        "num_gpus": 8,
+        "nvme_gib": 7680,
+        "ib_island": "ib-a",
+        "state": state,
+        "node": "p1-preemptible-abcde",
+        "cluster": "p1",
+        "compute_class": "preemptible",
+        "node_phase": "draining",
+    }
+
+
+def test_hosts_reclaim_and_uncordon(api: FakeApi) -> None:
+    api.on("POST", "/v1/hosts/h100-a-01/reclaim", ok(host_json()))
+    api.on("POST", "/v1/hosts/h100-a-01/uncordon", ok(host_json("available")))
+
+    reclaimed = run("hosts", "reclaim", "h100-a-01")
+    assert reclaimed.exit_code == 0, reclaimed.output
+    assert "cordoned" in reclaimed.stdout and "preemptible" in reclaimed.stdout
+    back = run("hosts", "uncordon", "h100-a-01", "-o", "json")
+    assert back.exit_code == 0 and json.loads(back.stdout)["state"] == "available"
+    assert [r.url.path for r in api.requests] == [
+        "/v1/hosts/h100-a-01/reclaim",
+        "/v1/hosts/h100-a-01/uncordon",
+    ]
+
+
+def test_hosts_reclaim_of_a_standard_host_is_refused_clearly(api: FakeApi) -> None:
+    refusal = {
+        "code": "invalid_state",
+        "message": "host h100-a-01 runs standard node x; only hosts of preemptible nodes "
+        "can be reclaimed",
+        "field": "name",
+    }
+    api.on("POST", "/v1/hosts/h100-a-01/reclaim", ok(refusal, 409))
+    result = run("hosts", "reclaim", "h100-a-01")
+    assert result.exit_code != 0
+    assert "invalid_state" in result.stderr and "standard node" in result.stderr
+
+
+def usage_json() -> dict[str, Any]:
+    line = {
+        "cluster": "p1",
+        "compute_class": "preemptible",
+        "billing": "preemptible",
+        "gpu_type": "H100_SXM",
+        "nodes": 2,
+        "node_hours": 1.5,
+        "gpu_hours": 12.0,
+        "rate_per_gpu_hour": 1.196,
+        "cost": 14.352,
+    }
+    return {
+        "project": "default",
+        "since": T0,
+        "until": "2025-01-02T00:00:00Z",
+        "currency": "USD",
+        "lines": [line],
+        "total_gpu_hours": 12.0,
+        "total_cost": 14.352,
+    }
+
+
+def test_usage_table_json_and_time_arguments(api: FakeApi) -> None:
+    api.on("GET", "/v1/projects/default/usage", ok(usage_json()))
+
+    table = run("usage", "--since", "2025-01-01", "--until", "2025-01-02T00:00:00Z")
+    assert table.exit_code == 0, table.output
+    assert "preemptible" in table.stdout and "14.35 USD" in table.stdout
+    assert dict(api.requests[0].url.params) == {
+        "since": "2025-01-01T00:00:00+00:00",
+        "until": "2025-01-02T00:00:00+00:00",
+    }
+    as_json = run("usage", "--since", "7d", "-o", "json")
+    assert as_json.exit_code == 0, as_json.output
+    printed = json.loads(as_json.stdout)
+    assert printed["lines"] == usage_json()["lines"] and printed["total_cost"] == 14.352
+    since = datetime.fromisoformat(api.requests[1].url.params["since"])
+    assert abs((datetime.now(UTC) - since) - timedelta(days=7)) < timedelta(minutes=1)
+    bad = run("usage", "--since", "yesterday")
+    assert bad.exit_code == 2 and "--since" in bad.output
+
+
+def test_capacity_create_sends_windows_and_lists(api: FakeApi) -> None:
+    capacity = {
+        "name": "pool-a",
+        "project": "research",
+        "kind": "pool",
+        "gpu_type": "H100_SXM",
+        "region": "local-1",
+        "num_gpus": 16,
+        "windows": [
+            {"start": "2030-01-01T00:00:00Z", "end": "2030-01-02T00:00:00Z", "active": False},
+            {"start": "2030-01-05T00:00:00Z", "end": "2030-01-06T00:00:00Z", "active": False},
+        ],
+        "created_at": T0,
+    }
+    api.on("POST", "/v1/capacity", ok(capacity, 201))
+    api.on("GET", "/v1/capacity", ok([capacity]))
+    api.on("DELETE", "/v1/capacity/pool-a", httpx.Response(204))
+
+    created = run(
+        "capacity", "create", "pool-a", "--project", "research", "--kind", "pool",
+        "--gpus", "16", "--window", "2030-01-01T00:00Z/2030-01-02T00:00Z",
+        "--window", "2030-01-05/2030-01-06",
+    )  # fmt: skip
+    assert created.exit_code == 0, created.output
+    body = json.loads(api.requests[0].content)
+    assert body["kind"] == "pool" and body["num_gpus"] == 16
+    assert body["windows"] == [
+        {"start": "2030-01-01T00:00:00+00:00", "end": "2030-01-02T00:00:00+00:00"},
+        {"start": "2030-01-05T00:00:00+00:00", "end": "2030-01-06T00:00:00+00:00"},
+    ]
+    listed = run("capacity", "list", "-o", "json")
+    assert [c["name"] for c in json.loads(listed.stdout)] == ["pool-a"]
+    deleted = run("capacity", "delete", "pool-a")
+    assert deleted.exit_code == 0 and "deleted" in deleted.stdout
+    bad = run("capacity", "create", "x", "--project", "p", "--gpus", "8", "--window", "2030-01-01")
+    assert bad.exit_code == 2 and "START/END" in bad.output

@@ -111,7 +111,15 @@ def cluster_detail(c: Cluster) -> RenderableType:
                 f"desired (requested {c.num_preemptible_gpus})",
             ),
             ("billing", c.billing_type.value),
+            (
+                "capacity",
+                f"{c.capacity.reserved_gpus} reserved, {c.capacity.pool_gpus} pool, "
+                f"{c.capacity.on_demand_gpus} on-demand GPUs"
+                if c.capacity
+                else "-",
+            ),
             ("reservation", reservation),
+            ("starts", clock(c.start_at) if c.start_at else "-"),
             ("volume", optional(c.volume)),
             ("cuda / driver", f"{optional(c.cuda_version)} / {optional(c.driver_version)}"),
             ("nodes", node_summary(c.nodes)),
@@ -155,6 +163,21 @@ def create(
     reservation_end: Annotated[
         str | None, typer.Option("--reservation-end", help="ISO 8601 time", show_default=False)
     ] = None,
+    start_at: Annotated[
+        str | None,
+        typer.Option(
+            "--start-at",
+            help="queue the request to start then (ISO 8601); scheduled clusters use "
+            "--reservation-start",
+            show_default=False,
+        ),
+    ] = None,
+    queue: Annotated[
+        bool,
+        typer.Option(
+            "--queue", help="if capacity is short, queue until it fits instead of failing"
+        ),
+    ] = False,
     region: Annotated[
         str | None,
         typer.Option("--region", help="region (default: the server's)", show_default=False),
@@ -185,9 +208,12 @@ def create(
         "num_preemptible_gpus": preemptible_gpus,
         "billing_type": BILLING_TYPES[billing].value,
     }
+    if queue:
+        spec["queue_if_unavailable"] = True
     optional_fields = {
         "reservation_start": reservation_start,
         "reservation_end": reservation_end,
+        "start_at": start_at,
         "region": region,
         "volume": volume,
         "volume_size_tib": volume_size_tib,

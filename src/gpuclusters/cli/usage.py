@@ -34,11 +34,12 @@ def parse_time(value: str | None, *, field: str) -> datetime | None:
 
 
 def usage_view(report: UsageReport) -> RenderableType:
-    t = table("CLUSTER", "CLASS", "GPU_TYPE", "NODES", "GPU_HOURS", "RATE/GPU_H", "COST")
+    t = table("CLUSTER", "CLASS", "BILLING", "GPU_TYPE", "NODES", "GPU_HOURS", "RATE/GPU_H", "COST")
     for line in report.lines:
         t.add_row(
             line.cluster,
             line.compute_class.value,
+            line.billing,
             line.gpu_type,
             str(line.nodes),
             f"{line.gpu_hours:.3f}",

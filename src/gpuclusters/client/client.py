@@ -29,7 +29,14 @@ from gpuclusters.client._session import Session, make_http
 from gpuclusters.client.clusters import ClustersAPI
 from gpuclusters.client.config import ClientConfig
 from gpuclusters.client.nodes import EventsAPI, NodesAPI, UsageAPI
-from gpuclusters.client.org import ApiKeysAPI, GpuTypesAPI, HostsAPI, ProjectsAPI, RegionsAPI
+from gpuclusters.client.org import (
+    ApiKeysAPI,
+    CapacityAPI,
+    GpuTypesAPI,
+    HostsAPI,
+    ProjectsAPI,
+    RegionsAPI,
+)
 from gpuclusters.client.volumes import VolumesAPI
 from gpuclusters.core.clientconfig import DEFAULT_PROJECT, ClientConfigError
 from gpuclusters.core.models import WhoAmI
@@ -60,6 +67,7 @@ class Client:
         self.usage = UsageAPI(self._session)
         self.volumes = VolumesAPI(self._session)
         self.hosts = HostsAPI(self._session)
+        self.capacity = CapacityAPI(self._session)
         self.projects = ProjectsAPI(self._session)
         self.api_keys = ApiKeysAPI(self._session)
         self.gpu_types = GpuTypesAPI(self._session)

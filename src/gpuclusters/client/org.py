@@ -14,6 +14,8 @@ from gpuclusters.client._session import Session, body_of
 from gpuclusters.core.models import (
     ApiKeyCreate,
     ApiKeyCreated,
+    Capacity,
+    CapacityCreate,
     GpuType,
     Host,
     Project,
@@ -79,3 +81,21 @@ class RegionsAPI:
 
     def list(self) -> builtins.list[Region]:
         return self._s.get_list("/v1/regions", Region)
+
+
+class CapacityAPI:
+    """Reservations and capacity pools set aside for projects."""
+
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def list(self, project: str | None = None) -> builtins.list[Capacity]:
+        """Every project's (org admins) or the caller's projects'."""
+        return self._s.get_list("/v1/capacity", Capacity, params={"project": project})
+
+    def create(self, spec: CapacityCreate | Mapping[str, Any]) -> Capacity:
+        """Org admins only; ``capacity_unavailable`` if the fleet cannot hold it."""
+        return self._s.send("POST", "/v1/capacity", model=Capacity, json=body_of(spec))
+
+    def delete(self, name: str) -> None:
+        self._s.request("DELETE", f"/v1/capacity/{name}")

@@ -76,6 +76,13 @@ class ProjectRole(StrEnum):
     EDITOR = "editor"
 
 
+class CapacityKind(StrEnum):
+    """Capacity set aside for a project (contract section 8)."""
+
+    RESERVED = "reserved"  # prepaid for a period
+    POOL = "pool"  # pre-arranged, drawn for scheduled windows
+
+
 class HostState(StrEnum):
     AVAILABLE = "available"
     CORDONED = "cordoned"
@@ -90,6 +97,7 @@ class EventReason(StrEnum):
     NODE_FAILED = "NodeFailed"
     PREEMPTION_NOTIFIED = "PreemptionNotified"
     PREEMPTED = "Preempted"
+    RESERVATION_ENDING = "ReservationEnding"
 
 
 GPUS_PER_NODE = 8

@@ -7,6 +7,7 @@ Response models are what ``--output json`` prints.
 
 from __future__ import annotations
 
+import itertools
 import re
 from datetime import datetime
 from typing import Annotated, Self
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpuclusters.core.enums import (
     GPUS_PER_NODE,
     BillingType,
+    CapacityKind,
     ClusterStatus,
     ClusterType,
     ComputeClass,
@@ -100,6 +102,91 @@ class Host(_Out):
     cluster: str | None = None
     compute_class: ComputeClass | None = None
     node_phase: str | None = None
+
+
+# --- capacity -----------------------------------------------------------------
+
+MAX_RESERVATION_DAYS = 90
+
+
+class TimeWindow(_Model):
+    start: datetime
+    end: datetime
+
+    @field_validator("start", "end")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("give a time zone, e.g. 2026-12-01T00:00:00Z")
+        return v
+
+    @model_validator(mode="after")
+    def _order(self) -> Self:
+        if self.end <= self.start:
+            raise ValueError("end: must be after start")
+        return self
+
+
+class CapacityCreate(_Model):
+    """Capacity set aside for a project: ``reserved`` (one window of 1 to 90
+    days) or a ``pool`` (one or more scheduled windows)."""
+
+    name: Name
+    project: Name
+    kind: CapacityKind = CapacityKind.RESERVED
+    gpu_type: str = "H100_SXM"
+    region: str | None = None
+    num_gpus: int
+    windows: list[TimeWindow] = Field(min_length=1, max_length=100)
+
+    _name = field_validator("name", "project")(check_name)
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _gpus(cls, v: int) -> int:
+        return check_gpu_count(v, minimum=GPUS_PER_NODE)
+
+    @model_validator(mode="after")
+    def _windows(self) -> Self:
+        if self.kind is CapacityKind.RESERVED:
+            if len(self.windows) != 1:
+                raise ValueError("windows: a reservation has exactly one window")
+            w = self.windows[0]
+            days = (w.end - w.start).total_seconds() / 86400
+            if days < 1 or days > MAX_RESERVATION_DAYS:
+                raise ValueError(
+                    f"windows: a reservation lasts 1 to {MAX_RESERVATION_DAYS} days, got {days:.1f}"
+                )
+        ordered = sorted(self.windows, key=lambda w: w.start)
+        for a, b in itertools.pairwise(ordered):
+            if b.start < a.end:
+                raise ValueError("windows: a pool's windows must not overlap")
+        return self
+
+
+class CapacityWindowView(_Out):
+    start: datetime
+    end: datetime
+    active: bool
+
+
+class Capacity(_Out):
+    name: str
+    project: str
+    kind: CapacityKind
+    gpu_type: str
+    region: str
+    num_gpus: int
+    windows: list[CapacityWindowView]
+    created_at: datetime
+
+
+class CapacitySplit(_Out):
+    """How a cluster's standard GPUs are paid for right now."""
+
+    reserved_gpus: int
+    pool_gpus: int
+    on_demand_gpus: int
 
 
 # --- tenancy ------------------------------------------------------------------
@@ -226,6 +313,16 @@ class ClusterCreate(_Model):
     billing_type: BillingType = BillingType.ON_DEMAND
     reservation_start: datetime | None = None
     reservation_end: datetime | None = None
+    start_at: datetime | None = Field(
+        default=None,
+        description="queue the request to start then (scheduled clusters start at "
+        "reservation_start instead)",
+    )
+    queue_if_unavailable: bool = Field(
+        default=False,
+        description="if capacity is short, queue the cluster until it fits instead of "
+        "failing with capacity_unavailable",
+    )
     volume: str | None = Field(default=None, description="attach an existing volume by name")
     volume_size_tib: int | None = Field(default=None, description="create a new volume")
     cuda_version: str | None = None
@@ -257,7 +354,15 @@ class ClusterCreate(_Model):
             raise ValueError("slurm: only Slurm clusters have Slurm settings")
         if self.volume is not None and self.volume_size_tib is not None:
             raise ValueError("volume: give either an existing volume or volume_size_tib, not both")
+        for name in ("reservation_start", "reservation_end", "start_at"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise ValueError(f"{name}: give a time zone, e.g. 2026-12-01T00:00:00Z")
         if self.billing_type in (BillingType.RESERVED, BillingType.SCHEDULED_CAPACITY):
+            if self.start_at is not None:
+                raise ValueError(
+                    f"start_at: a {self.billing_type.value} cluster starts at reservation_start"
+                )
             if self.reservation_start is None or self.reservation_end is None:
                 raise ValueError(
                     f"reservation_end: billing_type {self.billing_type.value} needs "
@@ -334,6 +439,12 @@ class Cluster(_Out):
     billing_type: BillingType
     reservation_start: datetime | None = None
     reservation_end: datetime | None = None
+    start_at: datetime | None = Field(
+        default=None, description="a queued cluster's start (its nodes are placed from then on)"
+    )
+    capacity: CapacitySplit | None = Field(
+        default=None, description="how its standard GPUs are paid for now"
+    )
     status: ClusterStatus
     status_message: str = ""
     volume: str | None = None
@@ -362,6 +473,7 @@ class UsageLine(_Out):
 
     cluster: str
     compute_class: ComputeClass
+    billing: str = Field(description="on_demand | reserved | pool | preemptible")
     gpu_type: str
     nodes: int
     node_hours: float

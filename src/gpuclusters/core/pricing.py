@@ -6,9 +6,12 @@ clips each record, so reports over adjacent windows add up exactly. Metering
 is exact to the second (timestamps, not samples), which is finer than the
 contract's "metered every 1-2 minutes".
 
-Rates are per GPU-hour, per GPU type and compute class. Standard nodes pay
-the type's on-demand rate; preemptible nodes pay it less a flat discount,
-unless the operator's configuration names a preemptible rate itself.
+Rates are per GPU-hour, per GPU type and *billing kind*: ``on_demand``
+(standard nodes beyond the project's capacity windows), ``reserved`` and
+``pool`` (standard nodes inside them), ``preemptible``. Each kind pays the
+type's on-demand rate less that kind's discount, unless the operator's
+configuration names a rate for it (``standard`` is accepted for
+``on_demand``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ DEFAULT_GPU_HOUR_USD: dict[str, float] = {
     "B200_SXM": 5.99,
     "A100_SXM": 1.79,
 }
-DEFAULT_PREEMPTIBLE_DISCOUNT = 0.6  # preemptible pays 40% of on-demand
+ON_DEMAND = "on_demand"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class Interval:
 
     cluster: str
     compute_class: str
+    billing: str
     gpu_type: str
     num_gpus: int
     started_at: datetime
@@ -46,6 +50,7 @@ class Interval:
 class UsageSum:
     cluster: str
     compute_class: str
+    billing: str
     gpu_type: str
     nodes: int
     node_hours: float
@@ -56,22 +61,19 @@ class UsageSum:
 
 def gpu_hour_rate(
     gpu_type: str,
-    compute_class: str,
+    billing: str,
     *,
     rates: Mapping[str, Mapping[str, float]],
-    preemptible_discount: float,
+    discounts: Mapping[str, float],
 ) -> float:
-    """The configured rate, else the default on-demand price (less the
-    discount for preemptible)."""
+    """The configured rate for this kind, else the on-demand rate (configured
+    or list price) less the kind's discount."""
     configured = rates.get(gpu_type, {})
-    if compute_class in configured:
-        return float(configured[compute_class])
-    standard = float(
-        configured.get(ComputeClass.STANDARD.value, DEFAULT_GPU_HOUR_USD.get(gpu_type, 0.0))
-    )
-    if compute_class == ComputeClass.PREEMPTIBLE.value:
-        return standard * (1.0 - preemptible_discount)
-    return standard
+    if billing in configured:
+        return float(configured[billing])
+    on_demand = configured.get(ON_DEMAND, configured.get(ComputeClass.STANDARD.value))
+    base = float(on_demand if on_demand is not None else DEFAULT_GPU_HOUR_USD.get(gpu_type, 0.0))
+    return base * (1.0 - discounts.get(billing, 0.0))
 
 
 def clipped_hours(interval: Interval, *, since: datetime, until: datetime) -> float:
@@ -86,28 +88,30 @@ def summarize(
     since: datetime,
     until: datetime,
     rates: Mapping[str, Mapping[str, float]],
-    preemptible_discount: float,
+    discounts: Mapping[str, float],
 ) -> list[UsageSum]:
-    """GPU-hours and cost per (cluster, class, GPU type), sorted by name."""
-    hours: dict[tuple[str, str, str], float] = defaultdict(float)
-    gpu_hours: dict[tuple[str, str, str], float] = defaultdict(float)
-    nodes: dict[tuple[str, str, str], int] = defaultdict(int)
+    """GPU-hours and cost per (cluster, class, billing kind, GPU type)."""
+    Key = tuple[str, str, str, str]
+    hours: dict[Key, float] = defaultdict(float)
+    gpu_hours: dict[Key, float] = defaultdict(float)
+    nodes: dict[Key, int] = defaultdict(int)
     for iv in intervals:
         h = clipped_hours(iv, since=since, until=until)
         if h <= 0:
             continue
-        key = (iv.cluster, iv.compute_class, iv.gpu_type)
+        key = (iv.cluster, iv.compute_class, iv.billing, iv.gpu_type)
         hours[key] += h
         gpu_hours[key] += h * iv.num_gpus
         nodes[key] += 1
     out = []
     for key in sorted(hours):
-        cluster, cls, gpu_type = key
-        rate = gpu_hour_rate(gpu_type, cls, rates=rates, preemptible_discount=preemptible_discount)
+        cluster, cls, billing, gpu_type = key
+        rate = gpu_hour_rate(gpu_type, billing, rates=rates, discounts=discounts)
         out.append(
             UsageSum(
                 cluster=cluster,
                 compute_class=cls,
+                billing=billing,
                 gpu_type=gpu_type,
                 nodes=nodes[key],
                 node_hours=hours[key],

@@ -48,16 +48,35 @@ class Settings(BaseSettings):
         "(the contract's five minutes; shorter in tests)",
     )
 
+    reservation_warning_h: float = Field(
+        default=24.0, gt=0, description="warn this long before a reservation ends"
+    )
+
     # Metering.
     gpu_hour_rates: dict[str, dict[str, float]] = Field(
         default_factory=dict,
-        description='USD per GPU-hour by GPU type and class, e.g. {"H100_SXM": '
-        '{"standard": 2.5, "preemptible": 1.0}}; unset ones use the list prices '
-        "in core/pricing.py",
+        description='USD per GPU-hour by GPU type and billing kind, e.g. {"H100_SXM": '
+        '{"on_demand": 2.5, "preemptible": 1.0}}; unset ones are the on-demand rate '
+        "(or the list price in core/pricing.py) less the kind's discount",
     )
     preemptible_discount: float = Field(
-        default=0.6, ge=0, le=1, description="preemptible discount off the standard rate"
+        default=0.6, ge=0, le=1, description="preemptible discount off the on-demand rate"
     )
+    reserved_discount: float = Field(
+        default=0.35, ge=0, le=1, description="reserved capacity's discount off on-demand"
+    )
+    pool_discount: float = Field(
+        default=0.2, ge=0, le=1, description="capacity pools' discount off on-demand"
+    )
+
+    @property
+    def discounts(self) -> dict[str, float]:
+        return {
+            "on_demand": 0.0,
+            "reserved": self.reserved_discount,
+            "pool": self.pool_discount,
+            "preemptible": self.preemptible_discount,
+        }
 
     @field_validator("home")
     @classmethod

@@ -14,21 +14,25 @@ take several steps; every write is fenced by the lease token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 from sqlalchemy import exists, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.preemption import preemptible_deficit
 from gpuclusters.core.enums import (
+    GPUS_PER_NODE,
+    BillingType,
     ClusterStatus,
     ComputeClass,
     EventReason,
     NodePhase,
     VolumeStatus,
 )
+from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
-from gpuclusters.server.controllers.refs import load_cluster_ref
+from gpuclusters.server.controllers.refs import load_cluster_ref, work_probe
 from gpuclusters.server.db.allocation import allocate_nodes, placement_guard, spare_hosts
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
 from gpuclusters.server.db.records import record_event, set_cluster_status
@@ -37,6 +41,8 @@ from gpuclusters.server.runtime import Runtime
 S = ClusterStatus
 _SETTLED = (S.READY.value, S.FAILED.value)
 # Statuses in which the preemptible pool grows (the control plane is up).
+RESERVATION_ENDED = "reservation_ended"  # Node.delete_reason
+_ENDING = (BillingType.RESERVED.value, BillingType.SCHEDULED_CAPACITY.value)
 _POOL_STATUSES = (
     S.WAITING_FOR_NODES.value,
     S.RUNNING_ACCEPTANCE_TESTS.value,
@@ -73,8 +79,107 @@ class ClusterReconciler(SteppedReconciler):
             select(Cluster.id).where(Cluster.deleted_at.is_(None), Cluster.status == S.READY.value)
         )
         pool = await self._pool_candidates(session)
+        ending = await self._ending_candidates(session)
         # Ready clusters need one look per server process (see step()).
-        return list(dict.fromkeys([*busy, *(c for c in ready if c not in self._verified), *pool]))
+        return list(
+            dict.fromkeys([*busy, *(c for c in ready if c not in self._verified), *pool, *ending])
+        )
+
+    async def _ending_candidates(self, session: AsyncSession) -> list[str]:
+        """Reserved and scheduled clusters due a warning or at their end."""
+        rows = await session.scalars(
+            select(Cluster).where(
+                Cluster.deleted_at.is_(None),
+                Cluster.reservation_end.is_not(None),
+                Cluster.billing_type.in_(_ENDING),
+                Cluster.status != S.DELETING.value,
+            )
+        )
+        return [c.id for c in rows if self._end_due(c) is not None]
+
+    def _end_due(self, cluster: Cluster) -> str | None:
+        """ "end" when the reservation is over, "warn" when it ends within the
+        warning period and no warning was given for this end yet."""
+        end = cluster.reservation_end
+        if end is None or cluster.billing_type not in _ENDING:
+            return None
+        now = utcnow()
+        if now >= end:
+            return "end"
+        warn = timedelta(hours=self.rt.settings.reservation_warning_h)
+        # Warned once it has nodes to warn (a queued one has none yet).
+        if now >= end - warn and cluster.nodes_placed and cluster.end_warned_for != end:
+            return "warn"
+        return None
+
+    async def _reservation_end(self, row_id: str, token: str, due: str) -> bool:
+        """Warn every node once, 24 h before the end; at the end, delete the
+        cluster (its volume stays, as after any delete without
+        --delete-volume)."""
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            cluster, nodes = await self._load(session, row_id)
+            end = cluster.reservation_end
+            assert end is not None
+            when = end.isoformat(timespec="seconds")
+            if due == "warn":
+                for node in nodes:
+                    await record_event(
+                        session,
+                        node,
+                        EventReason.RESERVATION_ENDING,
+                        f"the {cluster.billing_type} capacity of cluster {cluster.name} ends at "
+                        f"{when}; the cluster is deleted then (extend it with "
+                        "`gpuclusters clusters scale --reservation-end`)",
+                    )
+                cluster.end_warned_for = end
+            else:
+                await set_cluster_status(
+                    session, cluster, S.DELETING.value, f"reservation ended at {when}"
+                )
+                for node in nodes:
+                    if not node.to_delete:
+                        node.to_delete = True
+                        node.delete_reason = RESERVATION_ENDED
+            await session.commit()
+        self.ctx.hints.notify(hints.NODES)
+        return True
+
+    async def _place_queued(self, row_id: str, token: str) -> bool:
+        """A queued request whose start has come: place its standard nodes,
+        or say what is missing and try again at the next pass."""
+        async with (
+            self.ctx.sessionmaker() as session,
+            placement_guard(session, self.rt.placement_lock),
+        ):
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            cluster = await session.get_one(Cluster, row_id)
+            if cluster.nodes_placed or (cluster.start_at and cluster.start_at > utcnow()):
+                return False
+            try:
+                await allocate_nodes(
+                    session,
+                    cluster=cluster,
+                    count=cluster.num_gpus // GPUS_PER_NODE,
+                    compute_class=ComputeClass.STANDARD.value,
+                    work=work_probe(session, self.rt),
+                )
+            except CapacityUnavailableError as exc:
+                await session.rollback()
+                await leases.fence(
+                    session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+                )
+                cluster = await session.get_one(Cluster, row_id)
+                await set_cluster_status(
+                    session, cluster, S.QUEUED.value, f"waiting for capacity: {exc}"
+                )
+                await session.commit()
+                return False
+            cluster.nodes_placed = True
+            await set_cluster_status(session, cluster, S.WAITING_FOR_CONTROL_PLANE.value)
+            await session.commit()
+        self.ctx.hints.notify(hints.NODES)
+        return True
 
     async def _pool_candidates(self, session: AsyncSession) -> list[str]:
         """Clusters short of their preemptible target while spare hosts of
@@ -178,7 +283,13 @@ class ClusterReconciler(SteppedReconciler):
             self.ctx.hints.notify(hints.VOLUMES)
             return True
 
+        due = self._end_due(cluster)
+        if due is not None:
+            return await self._reservation_end(row_id, token, due)
+
         if status is S.QUEUED:
+            if not cluster.nodes_placed:
+                return await self._place_queued(row_id, token)
             return await self._transition(row_id, token, S.WAITING_FOR_CONTROL_PLANE)
 
         if status is S.WAITING_FOR_CONTROL_PLANE:

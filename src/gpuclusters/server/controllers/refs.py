@@ -3,12 +3,18 @@ so those packages never see SQLAlchemy objects."""
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.layers.base import ClusterRef, NodeRef, UnixUser
 from gpuclusters.providers.base import NodeSpec
+from gpuclusters.server.db.allocation import WorkProbe
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, ProjectMember, User
+from gpuclusters.server.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 
 def cluster_ref(
@@ -100,3 +106,21 @@ def node_spec(node: Node, cluster: Cluster, host: Host) -> NodeSpec:
             "gpuclusters.io/ib-island": host.ib_island,
         },
     )
+
+
+def work_probe(session: AsyncSession, rt: Runtime) -> WorkProbe:
+    """How much work runs on a preemptible node, asked of its cluster's
+    orchestrator; a node whose orchestrator does not answer counts as busy
+    (the safe guess when choosing whom to preempt)."""
+
+    async def probe(node: Node) -> int:
+        cluster = await session.get_one(Cluster, node.cluster_id)
+        host = await session.get(Host, node.host_id) if node.host_id else None
+        try:
+            layer = rt.layer_for(cluster.cluster_type)
+            return await layer.running_work(cluster_ref(cluster), node_ref(node, host))
+        except Exception as exc:
+            log.info("running work on %s unknown (%s); counted as busy", node.name, exc)
+            return 1
+
+    return probe

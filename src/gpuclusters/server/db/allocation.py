@@ -29,7 +29,8 @@ from gpuclusters.core.capacity.placement import HostSlot, describe_free, free_ho
 from gpuclusters.core.capacity.preemption import PreemptibleNode, choose_victims
 from gpuclusters.core.enums import ComputeClass, HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
-from gpuclusters.server.db.models import Cluster, Host, Node
+from gpuclusters.server.db.capacity import held_back_for
+from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
 
 _ALPHABET = string.ascii_lowercase + string.digits
 PREEMPTED = "preempted"  # Node.delete_reason of a node giving its host back
@@ -121,22 +122,28 @@ async def allocate_nodes(
     used_islands = await _used_islands(session, cluster)
     free = free_hosts(slots, gpu_type=cluster.gpu_type, region=cluster.region)
     victims: list[PreemptibleNode] = []
-    if len(free) < count and compute_class == ComputeClass.STANDARD.value:
-        candidates = await _preemptible_nodes(session, work)
-        victims = choose_victims(
-            candidates,
-            count=count - len(free),
-            gpu_type=cluster.gpu_type,
-            region=cluster.region,
-            used_islands=used_islands,
-        )
-        if len(free) + len(victims) < count:
+    if compute_class == ComputeClass.STANDARD.value:
+        # Other projects' reserved capacity they do not use yet is not ours
+        # to take (it may still serve preemptible nodes: that is reclaimed).
+        hold = await held_back_for(session, cluster=cluster, at=utcnow())
+        candidates: list[PreemptibleNode] = []
+        if count > len(free) - hold:
+            candidates = choose_victims(
+                await _preemptible_nodes(session, work),
+                count=len(by_name),
+                gpu_type=cluster.gpu_type,
+                region=cluster.region,
+                used_islands=used_islands,
+            )
+        if count > len(free) + len(candidates) - hold:
+            held = f", {hold} held for other projects' reservations" if hold else ""
             raise CapacityUnavailableError(
                 f"not enough {cluster.gpu_type} hosts in region {cluster.region}: need {count} "
-                f"node(s) of 8 GPUs, {len(free)} free and {len(victims)} held by preemptible "
-                f"nodes that could be reclaimed ({describe_free(slots)})",
+                f"node(s) of 8 GPUs, {len(free)} free and {len(candidates)} held by preemptible "
+                f"nodes that could be reclaimed{held} ({describe_free(slots)})",
                 field="num_gpus",
             )
+        victims = candidates[: max(0, count - len(free))]
     chosen = place_nodes(
         slots,
         count=count - len(victims),

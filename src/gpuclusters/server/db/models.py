@@ -195,6 +195,13 @@ class Cluster(LeaseMixin, Base):
     config_generation: Mapped[int] = mapped_column(Integer, default=1)
     applied_config_generation: Mapped[int] = mapped_column(Integer, default=0)
     created_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    # A queued request: standard nodes are placed from this time on (the
+    # reservation start for scheduled clusters, or a requested start); until
+    # then, and while capacity is short, the cluster stays queued.
+    start_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    nodes_placed: Mapped[bool] = mapped_column(Boolean, default=True)
+    # When the "reservation ends in 24 h" warning was given (once per end).
+    end_warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
@@ -291,6 +298,28 @@ class UsageRecord(Base):
     node_name: Mapped[str] = mapped_column(String(64))
     gpu_type: Mapped[str] = mapped_column(String(32))
     compute_class: Mapped[str] = mapped_column(String(16))
+    # How the node is paid for: reserved | pool | on_demand | preemptible
+    # (decided when it goes live, from the project's active capacity windows).
+    billing: Mapped[str] = mapped_column(String(16))
     num_gpus: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class CapacityWindow(Base):
+    """Capacity set aside for a project for a time: ``reserved`` (prepaid)
+    or one scheduled window of a capacity ``pool``. A pool with several
+    windows has one row per window, all with the pool's name."""
+
+    __tablename__ = "capacity_windows"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    region: Mapped[str] = mapped_column(String(64))
+    num_gpus: Mapped[int] = mapped_column(Integer)
+    start_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    end_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -8,6 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.enums import GPUS_PER_NODE
+from gpuclusters.server.db.capacity import billing_for
 from gpuclusters.server.db.models import (
     Cluster,
     ClusterPhase,
@@ -82,6 +83,7 @@ async def open_usage(session: AsyncSession, node: Node, cluster: Cluster) -> Non
     (a step repeated after a crash opens no second record)."""
     if await _open_usage(session, node.id) is not None:
         return
+    now = utcnow()
     session.add(
         UsageRecord(
             project_id=node.project_id,
@@ -91,8 +93,9 @@ async def open_usage(session: AsyncSession, node: Node, cluster: Cluster) -> Non
             node_name=node.name,
             gpu_type=cluster.gpu_type,
             compute_class=node.compute_class,
+            billing=await billing_for(session, node, cluster, now),
             num_gpus=GPUS_PER_NODE,
-            started_at=utcnow(),
+            started_at=now,
         )
     )
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
-from gpuclusters.server.services import catalog, tenancy
+from gpuclusters.server.services import capacity, catalog, tenancy
 
 router = APIRouter(prefix="/v1")
 
@@ -55,6 +55,27 @@ async def uncordon_host(
     return await catalog.set_host_state(
         session, rt=rt, principal=principal, name=name, state=HostState.AVAILABLE
     )
+
+
+@router.get("/capacity", response_model=list[api.Capacity])
+async def list_capacity(
+    session: SessionDep, principal: PrincipalDep, project: str | None = None
+) -> list[api.Capacity]:
+    return await capacity.list_capacity(session, principal=principal, project=project)
+
+
+@router.post("/capacity", response_model=api.Capacity, status_code=201)
+async def create_capacity(
+    body: api.CapacityCreate, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.Capacity:
+    return await capacity.create_capacity(session, rt=rt, principal=principal, body=body)
+
+
+@router.delete("/capacity/{name}", status_code=204)
+async def delete_capacity(
+    name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> None:
+    await capacity.delete_capacity(session, rt=rt, principal=principal, name=name)
 
 
 @router.get("/projects", response_model=list[api.Project])

@@ -8,7 +8,6 @@ is no capacity and a crash can never leave a cluster without its node rows
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy import select
@@ -39,8 +38,8 @@ from gpuclusters.core.errors import (
 )
 from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
-from gpuclusters.server.controllers.refs import cluster_ref, node_ref
-from gpuclusters.server.db.allocation import WorkProbe, allocate_nodes, placement_guard
+from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
+from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
@@ -49,29 +48,9 @@ from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import cluster_view, cluster_views
 
-log = logging.getLogger(__name__)
-
 # Concurrent creates may race for the same host; the unique index makes the
 # loser fail, and it simply places again with a fresh view of the fleet.
 PLACEMENT_ATTEMPTS = 3
-
-
-def work_probe(session: AsyncSession, rt: Runtime) -> WorkProbe:
-    """How much work runs on a preemptible node, asked of its cluster's
-    orchestrator; a node whose orchestrator does not answer counts as busy
-    (the safe guess when choosing whom to preempt)."""
-
-    async def probe(node: Node) -> int:
-        cluster = await session.get_one(Cluster, node.cluster_id)
-        host = await session.get(Host, node.host_id) if node.host_id else None
-        try:
-            layer = rt.layer_for(cluster.cluster_type)
-            return await layer.running_work(cluster_ref(cluster), node_ref(node, host))
-        except Exception as exc:
-            log.info("running work on %s unknown (%s); counted as busy", node.name, exc)
-            return 1
-
-    return probe
 
 
 async def _get_live(session: AsyncSession, project: Project, name: str) -> Cluster:
@@ -235,14 +214,34 @@ async def _create_once(
     )
     session.add(cluster)
     await session.flush()
-    await set_cluster_status(session, cluster, ClusterStatus.QUEUED.value, "accepted")
-    await allocate_nodes(
-        session,
-        cluster=cluster,
-        count=body.num_gpus // GPUS_PER_NODE,
-        compute_class=ComputeClass.STANDARD.value,
-        work=work_probe(session, rt),
-    )
+    now = utcnow()
+    if body.reservation_end is not None and body.reservation_end <= now:
+        raise ValidationError("reservation_end: must be in the future", field="reservation_end")
+    start = body.reservation_start if body.reservation_end is not None else body.start_at
+    if start is not None and start > now:
+        # A request for later: nothing is placed now; the cluster reconciler
+        # places the nodes from the start time on.
+        cluster.start_at, cluster.nodes_placed = start, False
+        await set_cluster_status(
+            session, cluster, ClusterStatus.QUEUED.value, f"starts at {start.isoformat()}"
+        )
+    else:
+        await set_cluster_status(session, cluster, ClusterStatus.QUEUED.value, "accepted")
+        try:
+            await allocate_nodes(
+                session,
+                cluster=cluster,
+                count=body.num_gpus // GPUS_PER_NODE,
+                compute_class=ComputeClass.STANDARD.value,
+                work=work_probe(session, rt),
+            )
+        except CapacityUnavailableError as exc:
+            if not body.queue_if_unavailable:
+                raise
+            cluster.start_at, cluster.nodes_placed = now, False
+            await set_cluster_status(
+                session, cluster, ClusterStatus.QUEUED.value, f"waiting for capacity: {exc}"
+            )
     await session.flush()
     # The answer is built inside the transaction, so it shows exactly what
     # was created, not a mix with the controllers' first steps.
@@ -299,7 +298,10 @@ async def update_cluster(
         if body.slurm is not None:
             _set_slurm(cluster, body.slurm)
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
-            await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
+            if cluster.nodes_placed:
+                await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
+            else:
+                cluster.num_gpus = body.num_gpus  # queued: placed at the start
         cluster.updated_at = utcnow()
         await session.flush()
         view = await cluster_view(session, cluster, project=project)

@@ -54,6 +54,7 @@ async def usage_report(
             Interval(
                 cluster=r.cluster_name,
                 compute_class=r.compute_class,
+                billing=r.billing,
                 gpu_type=r.gpu_type,
                 num_gpus=r.num_gpus,
                 started_at=r.started_at,
@@ -64,12 +65,13 @@ async def usage_report(
         since=since,
         until=min(until, now),
         rates=rt.settings.gpu_hour_rates,
-        preemptible_discount=rt.settings.preemptible_discount,
+        discounts=rt.settings.discounts,
     )
     lines = [
         api.UsageLine(
             cluster=s.cluster,
             compute_class=ComputeClass(s.compute_class),
+            billing=s.billing,
             gpu_type=s.gpu_type,
             nodes=s.nodes,
             node_hours=round(s.node_hours, 6),

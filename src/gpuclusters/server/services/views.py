@@ -10,8 +10,18 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
+from gpuclusters.core.capacity.reservations import split
 from gpuclusters.core.enums import GPUS_PER_NODE, ClusterType, ComputeClass, NodePhase
-from gpuclusters.server.db.models import Cluster, ClusterPhase, Host, Node, Project, Volume
+from gpuclusters.server.db.capacity import project_windows
+from gpuclusters.server.db.models import (
+    Cluster,
+    ClusterPhase,
+    Host,
+    Node,
+    Project,
+    Volume,
+    utcnow,
+)
 
 
 def slurm_settings(cluster: Cluster) -> api.SlurmSettings | None:
@@ -57,6 +67,40 @@ async def node_views(
     ]
 
 
+async def capacity_splits(
+    session: AsyncSession, clusters: Sequence[Cluster], *, project: Project
+) -> dict[str, api.CapacitySplit]:
+    """How each cluster's standard GPUs are paid for now: the project's
+    active reserved and pool windows are shared out over its live clusters
+    of that GPU type and region in creation order; the rest is on-demand."""
+    now = utcnow()
+    out: dict[str, api.CapacitySplit] = {}
+    for gpu_type, region in {(c.gpu_type, c.region) for c in clusters}:
+        held = await project_windows(
+            session, project_id=project.id, gpu_type=gpu_type, region=region, at=now
+        )
+        peers = await session.scalars(
+            select(Cluster)
+            .where(
+                Cluster.project_id == project.id,
+                Cluster.gpu_type == gpu_type,
+                Cluster.region == region,
+                Cluster.deleted_at.is_(None),
+            )
+            .order_by(Cluster.created_at, Cluster.name)
+        )
+        parts = split(
+            [(c.id, c.num_gpus if c.nodes_placed else 0) for c in peers],
+            reserved=held.get("reserved", 0),
+            pool=held.get("pool", 0),
+        )
+        for cid, part in parts.items():
+            out[cid] = api.CapacitySplit(
+                reserved_gpus=part.reserved, pool_gpus=part.pool, on_demand_gpus=part.on_demand
+            )
+    return out
+
+
 async def cluster_views(
     session: AsyncSession, clusters: Sequence[Cluster], *, project: Project
 ) -> list[api.Cluster]:
@@ -86,6 +130,7 @@ async def cluster_views(
         else {}
     )
     nviews = await node_views(session, nodes, clusters=by_id)
+    splits = await capacity_splits(session, clusters, project=project)
     nodes_by_cluster: dict[str, list[api.Node]] = defaultdict(list)
     for row, view in zip(nodes, nviews, strict=True):
         nodes_by_cluster[row.cluster_id].append(view)
@@ -112,6 +157,8 @@ async def cluster_views(
                 billing_type=c.billing_type,
                 reservation_start=c.reservation_start,
                 reservation_end=c.reservation_end,
+                start_at=c.start_at,
+                capacity=splits.get(c.id),
                 status=c.status,
                 status_message=c.status_message,
                 volume=volumes.get(c.volume_id or ""),

@@ -1,0 +1,121 @@
+"""Reading capacity windows and standard-node counts for the pure rules in
+``core.capacity.reservations``, and deciding how a node that goes live is
+paid for. Reads only; callers own the transaction."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.core.capacity.reservations import Window, active_gpus, held_back
+from gpuclusters.core.enums import GPUS_PER_NODE, ComputeClass
+from gpuclusters.server.db.models import CapacityWindow, Cluster, Node, UsageRecord
+
+RESERVED = "reserved"
+POOL = "pool"
+ON_DEMAND = "on_demand"
+PREEMPTIBLE = "preemptible"
+
+
+async def windows(
+    session: AsyncSession, *, gpu_type: str, region: str, at: datetime
+) -> list[Window]:
+    """Capacity windows of this type and region active at ``at``."""
+    rows = await session.scalars(
+        select(CapacityWindow).where(
+            CapacityWindow.gpu_type == gpu_type,
+            CapacityWindow.region == region,
+            CapacityWindow.start_at <= at,
+            CapacityWindow.end_at > at,
+        )
+    )
+    return [
+        Window(
+            project=w.project_id,
+            kind=w.kind,
+            gpu_type=w.gpu_type,
+            region=w.region,
+            num_gpus=w.num_gpus,
+            start=w.start_at,
+            end=w.end_at,
+        )
+        for w in rows
+    ]
+
+
+async def standard_nodes_by_project(
+    session: AsyncSession, *, gpu_type: str, region: str
+) -> dict[str, int]:
+    rows = await session.execute(
+        select(Node.project_id, func.count(Node.id))
+        .join(Cluster, Cluster.id == Node.cluster_id)
+        .where(
+            Node.deleted_at.is_(None),
+            Node.to_delete.is_(False),
+            Node.compute_class == ComputeClass.STANDARD.value,
+            Cluster.gpu_type == gpu_type,
+            Cluster.region == region,
+        )
+        .group_by(Node.project_id)
+    )
+    return {p: int(n) for p, n in rows.all()}
+
+
+async def held_back_for(session: AsyncSession, *, cluster: Cluster, at: datetime) -> int:
+    """Hosts other projects' active windows hold that this cluster's
+    standard nodes may not take."""
+    return held_back(
+        await windows(session, gpu_type=cluster.gpu_type, region=cluster.region, at=at),
+        requester=cluster.project_id,
+        gpu_type=cluster.gpu_type,
+        region=cluster.region,
+        standard_nodes=await standard_nodes_by_project(
+            session, gpu_type=cluster.gpu_type, region=cluster.region
+        ),
+        at=at,
+    )
+
+
+async def project_windows(
+    session: AsyncSession, *, project_id: str, gpu_type: str, region: str, at: datetime
+) -> dict[str, int]:
+    """GPUs of each kind (reserved, pool) the project holds now."""
+    return active_gpus(
+        await windows(session, gpu_type=gpu_type, region=region, at=at),
+        project=project_id,
+        gpu_type=gpu_type,
+        region=region,
+        at=at,
+    )
+
+
+async def billing_for(session: AsyncSession, node: Node, cluster: Cluster, at: datetime) -> str:
+    """How a node going live is paid for: preemptible nodes are preemptible;
+    standard ones fill the project's active reserved windows first, then its
+    pool windows, and are on-demand beyond them."""
+    if node.compute_class == ComputeClass.PREEMPTIBLE.value:
+        return PREEMPTIBLE
+    held = await project_windows(
+        session,
+        project_id=node.project_id,
+        gpu_type=cluster.gpu_type,
+        region=cluster.region,
+        at=at,
+    )
+    live = Counter(
+        await session.scalars(
+            select(UsageRecord.billing).where(
+                UsageRecord.project_id == node.project_id,
+                UsageRecord.gpu_type == cluster.gpu_type,
+                UsageRecord.ended_at.is_(None),
+                UsageRecord.compute_class == ComputeClass.STANDARD.value,
+            )
+        )
+    )
+    for kind in (RESERVED, POOL):
+        if live[kind] < held.get(kind, 0) // GPUS_PER_NODE:
+            return kind
+    return ON_DEMAND
