@@ -272,3 +272,56 @@ def test_sigint_stops_cleanly_and_leaves_nodes_running(server_factory: Servers) 
     assert "Traceback" not in log, log
     # Stopping the control plane does not stop the nodes.
     assert len(server.instances()) == 2
+
+
+def test_kill9_during_a_reclaim_converges(server_factory: Servers) -> None:
+    """A crash right after a create reclaimed a preemptible host: after the
+    restart the preemption finishes, the new node takes the host, the pool
+    keeps what fits, and no host or node is doubled."""
+    server = server_factory(boot_delay_s=1.0, start=False)
+    fleet = server.home.parent / "fleet4.yaml"
+    fleet.write_text(
+        "hosts:\n"
+        + "".join(
+            f"  - {{name: h{i}, gpu_type: H100_SXM, region: local-1, ib_island: ib-{i // 2}}}\n"
+            for i in range(4)
+        )
+    )
+    server.env["GPUCLUSTERS_FLEET_FILE"] = str(fleet)
+    server.start()
+    with server.client() as api:
+        r = api.post(
+            f"{PROJECT}/clusters",
+            json={"name": "p1", "cluster_type": "slurm", "num_gpus": 8,
+                  "num_preemptible_gpus": 16},
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
+        server.wait_for(
+            "the preemptible pool to fill",
+            lambda: api.get(f"{PROJECT}/clusters/p1").json()["allocated_preemptible_gpus"] == 16,
+            timeout=30,
+            interval=0.1,
+        )
+        create_cluster(api, "s2", 16)
+    server.kill9()
+
+    server.restart()
+    with server.client() as api:
+        wait_ready(server, api, "s2", timeout=60)
+        server.wait_for(
+            "p1 to settle at one preemptible node",
+            lambda: (
+                [n["phase"] for n in nodes_of(api, "p1") if n["compute_class"] == "preemptible"]
+                == ["running"]
+            ),
+            timeout=30,
+            interval=0.2,
+        )
+        events = api.get(f"{PROJECT}/events", params={"cluster": "p1"}).json()
+        preempted = [e for e in events if e["reason"] == "Preempted"]
+        assert len(preempted) == 1 and preempted[0]["count"] == 1, events
+        assert len(nodes_of(api, "s2", include_deleted=True)) == 2  # made once
+        used = hosts_in_use(api)
+        assert len(used) == 4 and len({h["node"] for h in used.values()}) == 4
+        assert len(server.instances()) == 4
+        assert {r["host"] for r in server.instances().values()} == set(used)
