@@ -165,32 +165,32 @@ def hosts_list(output: OutputOpt = OutputFormat.TABLE) -> None:
 HostArg = Annotated[str, typer.Argument(help="host name (see `hosts list`)")]
 
 
+def _host_action(action: str, name: str, output: OutputFormat) -> None:
+    with open_client() as client:
+        host = getattr(client.hosts, action)(name)
+    emit(output, host, render=lambda: hosts_table([host]))
+
+
 @hosts_app.command("reclaim")
 @api_command
 def hosts_reclaim(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
     """Take a host back from the preemptible pool: preempt the node on it
     (five-minute protocol) and cordon it. `hosts uncordon` gives it back."""
-    with open_client() as client:
-        host = client.hosts.reclaim(name)
-    emit(output, host, render=lambda: hosts_table([host]))
+    _host_action("reclaim", name, output)
 
 
 @hosts_app.command("cordon")
 @api_command
 def hosts_cordon(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
     """Place nothing new on a host; what runs there keeps running."""
-    with open_client() as client:
-        host = client.hosts.cordon(name)
-    emit(output, host, render=lambda: hosts_table([host]))
+    _host_action("cordon", name, output)
 
 
 @hosts_app.command("uncordon")
 @api_command
 def hosts_uncordon(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
     """Make a host available again (spare capacity for preemptible nodes)."""
-    with open_client() as client:
-        host = client.hosts.uncordon(name)
-    emit(output, host, render=lambda: hosts_table([host]))
+    _host_action("uncordon", name, output)
 
 
 @gpu_types_app.command("list")

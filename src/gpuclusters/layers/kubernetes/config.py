@@ -375,6 +375,11 @@ def controller_manager_argv(spec: K8sSpec) -> list[str]:
         # Pod CIDRs are ours (see the module docstring), not allocated here.
         "--allocate-node-cidrs=false",
         "--controllers=*,bootstrapsigner,tokencleaner",
+        # The PV binder retries a claim whose volume its cache had not seen
+        # yet only at this period (default 15 s): the shared-volume claim,
+        # applied with its PV, then waited up to 30 s before the cluster was
+        # ready. Binding is cheap at a cluster's scale.
+        "--pvclaimbinder-sync-period=2s",
         "--profiling=false",
         "--v=1",
     ]

@@ -36,6 +36,7 @@ from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref, node_spec
+from gpuclusters.server.db.allocation import PREEMPTED
 from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
 from gpuclusters.server.db.records import close_usage, open_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 P = NodePhase
 DRAIN_REASON = "gpuclusters: node removed"
 AGENT_TOKEN_PATH = "/etc/gpuclusters/agent-token"
-PREEMPTED = "preempted"  # Node.delete_reason (services.allocation.PREEMPTED)
 # Where workloads on a node read that it is being preempted, and until when.
 PREEMPTION_NOTICE = "/run/gpuclusters/preemption.json"
 

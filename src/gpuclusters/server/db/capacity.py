@@ -20,6 +20,18 @@ ON_DEMAND = "on_demand"
 PREEMPTIBLE = "preemptible"
 
 
+def to_window(row: CapacityWindow) -> Window:
+    return Window(
+        project=row.project_id,
+        kind=row.kind,
+        gpu_type=row.gpu_type,
+        region=row.region,
+        num_gpus=row.num_gpus,
+        start=row.start_at,
+        end=row.end_at,
+    )
+
+
 async def windows(
     session: AsyncSession, *, gpu_type: str, region: str, at: datetime
 ) -> list[Window]:
@@ -32,18 +44,7 @@ async def windows(
             CapacityWindow.end_at > at,
         )
     )
-    return [
-        Window(
-            project=w.project_id,
-            kind=w.kind,
-            gpu_type=w.gpu_type,
-            region=w.region,
-            num_gpus=w.num_gpus,
-            start=w.start_at,
-            end=w.end_at,
-        )
-        for w in rows
-    ]
+    return [to_window(w) for w in rows]
 
 
 async def standard_nodes_by_project(

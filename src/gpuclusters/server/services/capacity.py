@@ -24,6 +24,7 @@ from gpuclusters.core.errors import (
     ValidationError,
 )
 from gpuclusters.server.controllers import hints
+from gpuclusters.server.db.capacity import to_window
 from gpuclusters.server.db.models import CapacityWindow, Host, Project, utcnow
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
@@ -93,15 +94,7 @@ async def create_capacity(
         or 0
     )
     existing = [
-        Window(
-            project=w.project_id,
-            kind=w.kind,
-            gpu_type=w.gpu_type,
-            region=w.region,
-            num_gpus=w.num_gpus,
-            start=w.start_at,
-            end=w.end_at,
-        )
+        to_window(w)
         for w in await session.scalars(
             select(CapacityWindow).where(
                 CapacityWindow.gpu_type == body.gpu_type, CapacityWindow.region == region

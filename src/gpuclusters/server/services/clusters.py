@@ -313,21 +313,26 @@ async def update_cluster(
     return view
 
 
-async def _set_preemptible_target(session: AsyncSession, cluster: Cluster, gpus: int) -> None:
-    """A higher target is filled by the cluster reconciler as spare capacity
-    allows; a lower one removes the surplus at once (nodes still booting
-    first, then the newest), with an ordinary drain, not a preemption."""
-    cluster.num_preemptible_gpus = gpus
-    live = list(
+async def _live_nodes(session: AsyncSession, cluster: Cluster, cls: ComputeClass) -> list[Node]:
+    """The cluster's nodes of one class that are not on their way out."""
+    return list(
         await session.scalars(
             select(Node).where(
                 Node.cluster_id == cluster.id,
                 Node.deleted_at.is_(None),
                 Node.to_delete.is_(False),
-                Node.compute_class == ComputeClass.PREEMPTIBLE.value,
+                Node.compute_class == cls.value,
             )
         )
     )
+
+
+async def _set_preemptible_target(session: AsyncSession, cluster: Cluster, gpus: int) -> None:
+    """A higher target is filled by the cluster reconciler as spare capacity
+    allows; a lower one removes the surplus at once (nodes still booting
+    first, then the newest), with an ordinary drain, not a preemption."""
+    cluster.num_preemptible_gpus = gpus
+    live = await _live_nodes(session, cluster, ComputeClass.PREEMPTIBLE)
     surplus = preemptible_surplus(target_gpus=gpus, live_nodes=len(live))
     snapshots = [
         NodeSnapshot(
@@ -374,16 +379,7 @@ def _extend_reservation(cluster: Cluster, body: api.ClusterUpdate) -> None:
 
 
 async def _scale(session: AsyncSession, *, rt: Runtime, cluster: Cluster, num_gpus: int) -> None:
-    live = list(
-        await session.scalars(
-            select(Node).where(
-                Node.cluster_id == cluster.id,
-                Node.deleted_at.is_(None),
-                Node.to_delete.is_(False),
-                Node.compute_class == ComputeClass.STANDARD.value,
-            )
-        )
-    )
+    live = await _live_nodes(session, cluster, ComputeClass.STANDARD)
     want = num_gpus // GPUS_PER_NODE
     cluster.num_gpus = num_gpus
     if want > len(live):
