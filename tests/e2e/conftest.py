@@ -219,18 +219,23 @@ class ServerHandle:
         self.provider_file.write_text(json.dumps({"instances": instances}, indent=1))
 
     def cli(
-        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run the real ``gpuclusters`` CLI against this server: it finds the
         URL and the admin key in ``$GPUCLUSTERS_HOME/config.toml``; ``env``
-        adds (or overrides) variables such as GPUCLUSTERS_API_KEY."""
+        adds (or overrides) variables such as GPUCLUSTERS_API_KEY; ``stdin``
+        is piped in (none by default)."""
         full_env = clean_env(GPUCLUSTERS_HOME=str(self.home), COLUMNS="200", NO_COLOR="1")
         full_env.update(env or {})
         try:
             return subprocess.run(
                 [*console_script(), *args],
                 env=full_env,
-                stdin=subprocess.DEVNULL,
+                input=stdin if stdin is not None else "",
                 capture_output=True,
                 text=True,
                 timeout=timeout,

@@ -42,6 +42,13 @@ def ssh(server: ServerHandle, *cmd: str) -> str:
     return ok(server, "clusters", "ssh", "p1", "--", *cmd)
 
 
+def submit_from_stdin(server: ServerHandle, script: str, *args: str) -> str:
+    """``gpuclusters clusters ssh p1 -- sbatch < script``, as a user would."""
+    r = server.cli("clusters", "ssh", "p1", "--", "sbatch", "--parsable", *args, stdin=script)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
 def get(server: ServerHandle, name: str) -> dict[str, Any]:
     return dict(json.loads(ok(server, "clusters", "get", name, "--output", "json")))
 
@@ -85,12 +92,19 @@ def test_preempted_job_checkpoints_and_resumes_elsewhere(server_factory: Servers
     # for the requeued job.
     hog = ssh(server, "sbatch", "--parsable", "-w", standard, "--gres=gpu:8",
               "--wrap", "sleep 600").strip()  # fmt: skip
-    jobs = {}
-    for tag in ("a", "b"):
-        jobs[tag] = ssh(
-            server, "sbatch", "--parsable", f"--job-name=ckpt-{tag}", "--chdir=/home/admin",
+    # One job from the file on the shared volume, one piped in from the
+    # user's machine (sbatch reads the script from stdin).
+    jobs = {
+        "a": ssh(
+            server,
+            "sbatch",
+            "--parsable",
+            "--job-name=ckpt-a",
+            "--chdir=/home/admin",
             "/home/admin/train.sbatch",
-        ).strip()  # fmt: skip
+        ).strip(),
+        "b": submit_from_stdin(server, EXAMPLE.read_text(), "--job-name=ckpt-b"),
+    }
     running = server.wait_for(
         "both example jobs running on preemptible nodes",
         lambda: (
