@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from gpuclusters.agent.gpus import GpuBackend, SimulatedGpus
+from gpuclusters.agent.gpus import GpuBackend
+from gpuclusters.agent.nvml import detect_backend
 
 if TYPE_CHECKING:
     from gpuclusters.agent.deviceplugin import DevicePluginRunner
@@ -73,7 +74,7 @@ def main() -> None:
     )
     interval = float(os.environ.get("GPUCLUSTERS_AGENT_INTERVAL_S", "5"))
     node = json.loads(node_file.read_text())
-    gpus = SimulatedGpus(str(node.get("gpu_type", "")), node_id=str(node["node_id"]))
+    gpus = detect_backend(str(node.get("gpu_type", "")), node_id=str(node["node_id"]))
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: FrameType | None) -> None:

@@ -1,7 +1,7 @@
 """GPU backends. ``SimulatedGpus`` stands in where no GPU exists: it reports
-the node's device nodes as healthy GPUs of the node's type. The NVML backend
-(real GPUs) lands with the health-check work and implements the same
-``GpuBackend`` protocol.
+the node's device nodes as healthy GPUs of the node's type. ``NvmlGpus``
+(``agent/nvml.py``) reads real GPUs through NVML and implements the same
+``GpuBackend`` protocol; ``detect_backend`` picks one.
 
 Every GPU carries a ``uuid`` in NVIDIA's format
 (``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``): the Kubernetes device plugin

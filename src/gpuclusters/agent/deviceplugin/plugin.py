@@ -3,7 +3,7 @@
 Two parts:
 
 ``GpuDevicePlugin`` is the gRPC ``DevicePlugin`` service. Its devices are the
-node's GPUs from a ``GpuBackend`` (simulated today, NVML later), identified
+node's GPUs from a ``GpuBackend`` (NVML on real GPUs, simulated elsewhere), identified
 by their UUIDs; a GPU whose device node is present is ``Healthy``, any other
 is ``Unhealthy``. ``ListAndWatch`` sends the list at once and again whenever
 a poll of the backend (every ``poll_interval_s``) finds it changed.

@@ -253,7 +253,13 @@ class NetnsNodeProvider(NodeProvider):
         if not _agent_available():
             log.info("gpuclusters.agent is not installed; node %s runs without agent", rec.name)
             return ()
-        env = {"GPUCLUSTERS_AGENT_NODE_FILE": NODE_FILE, "GPUCLUSTERS_AGENT_SOCKET": AGENT_SOCKET}
+        env = {
+            "GPUCLUSTERS_AGENT_NODE_FILE": NODE_FILE,
+            "GPUCLUSTERS_AGENT_SOCKET": AGENT_SOCKET,
+            # The embedded fleet's GPUs are simulated device nodes, whatever
+            # GPUs this host may have.
+            "GPUCLUSTERS_AGENT_GPU_BACKEND": "simulated",
+        }
         return (Daemon(AGENT, (sys.executable, "-m", "gpuclusters.agent"), env),)
 
     async def _boot(self, state: ProviderState, rec: NodeRecord) -> None:
