@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from gpuclusters.agent.gpus import GpuBackend
+from gpuclusters.agent.health import NodeWatcher
 from gpuclusters.agent.nvml import detect_backend
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ def main() -> None:
         transport=httpx.HTTPTransport(uds=sock), base_url="http://control-plane", timeout=5
     )
     plugin = start_device_plugin(gpus)
+    watcher = NodeWatcher()
     seq = 0
     while not stop.is_set():
         try:
@@ -100,7 +102,13 @@ def main() -> None:
                 "seq": seq,
                 "sent_at": time.time(),
                 "gpus": [g.to_dict() for g in gpus.inventory()],
+                "gpu_backend": gpus.name,
             }
+            try:
+                found = watcher.findings(gpus.health(), expected_gpus=gpus.count)
+                body["findings"] = [f.to_dict() for f in found]
+            except Exception:  # a check that breaks must not stop the heartbeat
+                log.exception("passive checks failed")
             try:
                 r = client.post(
                     "/agent/v1/heartbeat", json=body, headers={"Authorization": f"Bearer {token}"}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuclusters.core.catalog import GPU_TYPES
+from gpuclusters.core.health.findings import GpuHealth
 
 MACHINE_ID_FILE = Path("/etc/machine-id")
 
@@ -39,7 +40,14 @@ class GpuInfo:
 
 
 class GpuBackend(Protocol):
+    name: str
+    count: int
+
     def inventory(self) -> list[GpuInfo]: ...
+
+    def health(self) -> list[GpuHealth]:
+        """Each GPU's health now (passive checks)."""
+        ...
 
 
 def simulated_gpu_uuid(node_key: str, index: int) -> str:
@@ -62,6 +70,8 @@ class SimulatedGpus:
     ``<dev_dir>/nvidia<i>`` exists. ``node_id`` seeds the GPUs' UUIDs; without
     it the machine-id (else the hostname) does."""
 
+    name = "simulated"
+
     def __init__(
         self,
         gpu_type: str,
@@ -69,8 +79,10 @@ class SimulatedGpus:
         dev_dir: Path = Path("/dev"),
         count: int = 8,
         node_id: str | None = None,
+        faults_file: Path = Path("/run/gpuclusters/faults.json"),
     ) -> None:
         self.gpu_type = gpu_type
+        self.faults_file = faults_file
         self.dev_dir = dev_dir
         self.count = count
         self.node_key = node_id or _machine_key()
@@ -93,3 +105,11 @@ class SimulatedGpus:
                 )
             )
         return out
+
+    def health(self) -> list[GpuHealth]:
+        """Healthy, except for the faults injected into ``faults_file``
+        (``gpuclusters nodes inject-fault``)."""
+        from gpuclusters.agent.health import read_faults, simulated_gpu_health
+
+        present = [g.present for g in self.inventory()]
+        return simulated_gpu_health(self.count, present, read_faults(self.faults_file))

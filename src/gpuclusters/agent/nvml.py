@@ -15,11 +15,13 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from gpuclusters.agent.gpus import GpuBackend, GpuInfo, SimulatedGpus
+from gpuclusters.core.health.findings import GpuHealth
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
@@ -34,6 +36,8 @@ class NvmlGpus:
     (injectable for tests); NVML is initialised once and shut down by
     :meth:`close`."""
 
+    name = "nvml"
+
     def __init__(self, nvml: ModuleType, *, dev_dir: Path = Path("/dev")) -> None:
         self._nvml = nvml
         self.dev_dir = dev_dir
@@ -43,6 +47,8 @@ class NvmlGpus:
         # Remember what each index was, so a GPU that stops answering keeps
         # its identity in the inventory (reported absent, not forgotten).
         self._known: dict[int, GpuInfo] = {}
+        self._replays: dict[int, tuple[float, int]] = {}
+        self._watch_xids()
 
     def _read(self, index: int) -> GpuInfo:
         nvml = self._nvml
@@ -77,6 +83,89 @@ class NvmlGpus:
                 else:
                     self._known[i] = info
                 out.append(info)
+        return out
+
+    def _xids(self) -> dict[int, list[int]]:
+        """Xid events since the last call, by GPU index (non-blocking)."""
+        nvml = self._nvml
+        out: dict[int, list[int]] = {}
+        if self._events is None:
+            return out
+        while True:
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except nvml.NVMLError:  # timeout: no more events
+                return out
+            index = self._index_of.get(str(data.device), -1)
+            out.setdefault(index, []).append(int(data.eventData))
+
+    def _watch_xids(self) -> None:
+        nvml = self._nvml
+        self._events: Any = None
+        self._index_of: dict[str, int] = {}
+        try:
+            self._events = nvml.nvmlEventSetCreate()
+            for i in range(self.count):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                self._index_of[str(handle)] = i
+                nvml.nvmlDeviceRegisterEvents(
+                    handle, nvml.nvmlEventTypeXidCriticalError, self._events
+                )
+        except (nvml.NVMLError, AttributeError) as exc:
+            log.info("Xid events unavailable: %s", exc)
+            self._events = None
+
+    def _gpu_health(self, index: int, xids: list[int]) -> GpuHealth:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+
+        def ask(fn: str, *args: Any) -> Any:
+            try:
+                return getattr(nvml, fn)(handle, *args)
+            except (nvml.NVMLError, AttributeError):
+                return None  # not supported on this GPU or driver
+
+        dbe = ask(
+            "nvmlDeviceGetTotalEccErrors",
+            getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            getattr(nvml, "NVML_VOLATILE_ECC", 0),
+        )
+        remap = ask("nvmlDeviceGetRemappedRows")  # (corr, unc, pending, failure)
+        reasons = ask("nvmlDeviceGetCurrentClocksThrottleReasons") or 0
+        thermal_mask = getattr(nvml, "nvmlClocksThrottleReasonHwThermalSlowdown", 0x40) | getattr(
+            nvml, "nvmlClocksThrottleReasonSwThermalSlowdown", 0x20
+        )
+        replays = ask("nvmlDeviceGetPcieReplayCounter")
+        now = time.monotonic()
+        rate = 0.0
+        if replays is not None:
+            before = self._replays.get(index)
+            if before is not None and now > before[0]:
+                rate = max(0.0, (replays - before[1]) / ((now - before[0]) / 60.0))
+            self._replays[index] = (now, int(replays))
+        return GpuHealth(
+            index=index,
+            present=True,
+            xids=tuple(xids),
+            ecc_dbe=int(dbe or 0),
+            row_remap_failure=bool(remap and len(remap) > 3 and remap[3]),
+            thermal_throttle=bool(int(reasons) & thermal_mask),
+            pcie_replays_per_min=rate,
+        )
+
+    def health(self) -> list[GpuHealth]:
+        present = {g.index: g.present for g in self.inventory()}
+        out = []
+        with self._lock:
+            xids = self._xids()
+            for i in range(self.count):
+                if not present.get(i, False):
+                    out.append(GpuHealth(index=i, present=False))
+                    continue
+                try:
+                    out.append(self._gpu_health(i, xids.get(i, [])))
+                except self._nvml.NVMLError:
+                    out.append(GpuHealth(index=i, present=False))
         return out
 
     def close(self) -> None:

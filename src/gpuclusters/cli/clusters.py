@@ -398,22 +398,52 @@ def configure(
     epilog: Annotated[
         Path | None, typer.Option("--epilog", help="epilog script file", show_default=False)
     ] = None,
+    repair_automatic: Annotated[
+        str | None,
+        typer.Option(
+            "--repair-automatic",
+            help="faults repaired without approval: comma-separated alert kinds, '*' for "
+            "all, '' for none",
+            show_default=False,
+        ),
+    ] = None,
+    repair_max_wait: Annotated[
+        int | None,
+        typer.Option(
+            "--repair-max-wait",
+            help="seconds a repair waits for the node to be idle before draining it "
+            "(-1: never interrupt running work)",
+            show_default=False,
+        ),
+    ] = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Change a Slurm cluster's own settings; the running cluster is
-    reconfigured live. Settings not given keep their current value."""
+    """Change a cluster's own settings: Slurm's (the running cluster is
+    reconfigured live) and the repair policy. Settings not given keep their
+    current value."""
     with open_client(project) as client:
         current = client.clusters.get(name)
-        settings = current.slurm.model_dump() if current.slurm else {}
-        for key, value in (
+        body: dict[str, Any] = {}
+        slurm_files = (
             ("extra_config", _read_opt_file(slurm_extra_config)),
             ("prolog", _read_opt_file(prolog)),
             ("epilog", _read_opt_file(epilog)),
-        ):
-            if value is not None:
-                settings[key] = value
-        cluster = client.clusters.update(name, {"slurm": settings})
+        )
+        if any(v is not None for _, v in slurm_files):
+            settings = current.slurm.model_dump() if current.slurm else {}
+            settings.update({k: v for k, v in slurm_files if v is not None})
+            body["slurm"] = settings
+        if repair_automatic is not None or repair_max_wait is not None:
+            repair = current.repair.model_dump() if current.repair else {}
+            if repair_automatic is not None:
+                repair["automatic"] = [k.strip() for k in repair_automatic.split(",") if k.strip()]
+            if repair_max_wait is not None:
+                repair["max_wait_s"] = repair_max_wait
+            body["repair"] = repair
+        if not body:
+            raise typer.BadParameter("give at least one setting to change")
+        cluster = client.clusters.update(name, body)
     _show(output, cluster)
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from gpuclusters import __version__
-from gpuclusters.cli import capacity, clusters, nodes, org, server, usage, volumes
+from gpuclusters.cli import capacity, clusters, health, nodes, org, server, usage, volumes
 
 app = typer.Typer(
     name="gpuclusters",
@@ -28,6 +28,10 @@ app.command("usage")(usage.usage)
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(org.hosts_app, name="hosts")
 app.add_typer(capacity.app, name="capacity")
+app.add_typer(health.alerts_app, name="alerts")
+app.add_typer(health.health_app, name="health")
+app.add_typer(health.repairs_app, name="repairs")
+nodes.app.command("inject-fault")(health.inject_fault)
 app.add_typer(org.projects_app, name="projects")
 app.add_typer(org.api_keys_app, name="api-keys")
 app.add_typer(org.gpu_types_app, name="gpu-types")

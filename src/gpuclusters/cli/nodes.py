@@ -45,7 +45,8 @@ def node_detail(n: Node) -> RenderableType:
             ("class", n.compute_class.value),
             ("phase", _phase(n)),
             ("message", optional(n.message)),
-            ("gpus", f"{n.num_gpus} x {n.gpu_type}"),
+            ("gpus", f"{n.num_gpus} x {n.gpu_type} ({n.gpu_backend or 'unknown'})"),
+            ("auto-repair", "on" if n.auto_repair else "off"),
             ("created", clock(n.created_at)),
             ("ready", clock(n.ready_at) if n.ready_at else "-"),
             ("deleted", clock(n.deleted_at) if n.deleted_at else "-"),
@@ -94,6 +95,23 @@ def get(
     """Show one node."""
     with open_client(project) as client:
         node = client.nodes.get(name)
+    emit(output, node, render=lambda: node_detail(node))
+
+
+@app.command("auto-repair")
+@api_command
+def auto_repair(
+    name: Annotated[str, typer.Argument()],
+    state: Annotated[str, typer.Argument(help="on or off")],
+    *,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Turn automatic repair on or off for one node."""
+    if state not in ("on", "off"):
+        raise typer.BadParameter(f"{state!r}: say on or off", param_hint="STATE")
+    with open_client(project) as client:
+        node = client.nodes.set_auto_repair(name, state == "on")
     emit(output, node, render=lambda: node_detail(node))
 
 

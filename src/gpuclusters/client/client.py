@@ -28,6 +28,7 @@ import httpx
 from gpuclusters.client._session import Session, make_http
 from gpuclusters.client.clusters import ClustersAPI
 from gpuclusters.client.config import ClientConfig
+from gpuclusters.client.health import AlertsAPI, HealthAPI, RepairsAPI
 from gpuclusters.client.nodes import EventsAPI, NodesAPI, UsageAPI
 from gpuclusters.client.org import (
     ApiKeysAPI,
@@ -65,6 +66,9 @@ class Client:
         self.nodes = NodesAPI(self._session)
         self.events = EventsAPI(self._session)
         self.usage = UsageAPI(self._session)
+        self.alerts = AlertsAPI(self._session)
+        self.repairs = RepairsAPI(self._session)
+        self.health = HealthAPI(self._session)
         self.volumes = VolumesAPI(self._session)
         self.hosts = HostsAPI(self._session)
         self.capacity = CapacityAPI(self._session)

@@ -31,6 +31,12 @@ class NodesAPI:
     def get(self, name: str) -> Node:
         return self._s.get(self._s.project_path("nodes", name), Node)
 
+    def set_auto_repair(self, name: str, enabled: bool) -> Node:
+        """Turn automatic repair on or off for one node (project admins)."""
+        return self._s.send(
+            "PATCH", self._s.project_path("nodes", name), model=Node, json={"auto_repair": enabled}
+        )
+
 
 class EventsAPI:
     def __init__(self, session: Session) -> None:

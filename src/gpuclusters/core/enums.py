@@ -41,7 +41,9 @@ class NodePhase(StrEnum):
     """Node state machine.
 
     pending -> scheduling -> booting -> bootstrapping -> running;
-    running/any -> draining -> releasing -> deleted; failed on a permanent error.
+    running/any -> draining -> releasing -> deleted; failed on a permanent error;
+    running -> repairing -> bootstrapping (reboot, reprovision) or scheduling
+    (migrate to a new host) while a repair works on the node.
     """
 
     PENDING = "pending"
@@ -49,6 +51,7 @@ class NodePhase(StrEnum):
     BOOTING = "booting"
     BOOTSTRAPPING = "bootstrapping"
     RUNNING = "running"
+    REPAIRING = "repairing"
     DRAINING = "draining"
     RELEASING = "releasing"
     DELETED = "deleted"

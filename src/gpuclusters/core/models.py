@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 import re
 from datetime import datetime
-from typing import Annotated, Self
+from enum import StrEnum
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -303,6 +304,22 @@ class SlurmSettings(_Model):
         return v
 
 
+class RepairSettings(_Model):
+    """A cluster's repair policy."""
+
+    automatic: list[str] = Field(
+        default_factory=list,
+        description='faults (alert kinds) repaired without approval; ["*"] for all',
+    )
+    max_wait_s: int = Field(
+        default=7200,
+        ge=-1,
+        le=86400,
+        description="job protection: wait this long for the node to be idle before "
+        "draining it (at most 24 h); -1 never interrupts running work",
+    )
+
+
 class ClusterCreate(_Model):
     name: Name
     cluster_type: ClusterType
@@ -328,6 +345,7 @@ class ClusterCreate(_Model):
     cuda_version: str | None = None
     driver_version: str | None = None
     slurm: SlurmSettings | None = Field(default=None, description="Slurm clusters only")
+    repair: RepairSettings | None = Field(default=None, description="repair policy")
 
     _name = field_validator("name")(check_name)
 
@@ -391,6 +409,7 @@ class ClusterUpdate(_Model):
     num_preemptible_gpus: int | None = None
     reservation_end: datetime | None = None
     slurm: SlurmSettings | None = None
+    repair: RepairSettings | None = None
 
     @field_validator("num_gpus")
     @classmethod
@@ -424,6 +443,8 @@ class Node(_Out):
     ready_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
     deleted_at: datetime | None = None
+    auto_repair: bool = True
+    gpu_backend: str | None = Field(default=None, description="nvml or simulated")
 
 
 class Cluster(_Out):
@@ -451,6 +472,7 @@ class Cluster(_Out):
     cuda_version: str | None = None
     driver_version: str | None = None
     slurm: SlurmSettings | None = None
+    repair: RepairSettings | None = None
     phase_history: list[PhaseTransition]
     nodes: list[Node]
     created_at: datetime
@@ -499,6 +521,10 @@ class AgentHeartbeat(_Model):
     seq: int
     sent_at: float
     gpus: list[dict[str, object]] = Field(default_factory=list)
+    gpu_backend: str | None = None
+    # Current passive findings (core.health.findings.Finding.to_dict()); None
+    # from an agent that does not run passive checks.
+    findings: list[dict[str, Any]] | None = None
 
 
 class SshTarget(_Out):
@@ -542,3 +568,118 @@ class ClusterCredentials(_Out):
     context: str
     user: str
     kubeconfig: str
+
+
+# --- health and repair --------------------------------------------------------
+
+HEALTH_CHECKS = ("gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl", "storage", "ib-write")
+FAULT_KINDS = ("xid", "ecc-dbe", "fell-off-bus", "thermal", "row-remap", "pcie-replay", "disk-ro")
+
+
+class HealthAlert(_Out):
+    id: str
+    cluster: str
+    node: str
+    kind: str
+    severity: str = Field(description="info | warning | critical")
+    gpu: int | None = None
+    code: int | None = Field(default=None, description="the Xid, for Xid alerts")
+    subject: str | None = Field(default=None, description="the daemon or port it is about")
+    message: str
+    started_at: datetime
+    last_seen_at: datetime
+    resolved_at: datetime | None = None
+
+
+class RepairActionName(StrEnum):
+    REBOOT = "reboot"
+    REPROVISION = "reprovision"
+    MIGRATE = "migrate"
+    REMOVE = "remove"
+
+
+class Repair(_Out):
+    """A remediation record."""
+
+    id: str
+    cluster: str
+    node: str
+    action: str
+    state: str = Field(
+        description="pending_approval | pending | running | succeeded | failed | cancelled "
+        "| auto_resolved"
+    )
+    step: str | None = Field(
+        default=None,
+        description="while running: cordoning, draining, repairing, migrating, joining",
+    )
+    trigger: str = Field(description="manual | automated")
+    reason: str
+    message: str = ""
+    requested_by: str | None = None
+    reviewed_by: str | None = None
+    idempotency_key: str
+    alert_ids: list[str]
+    health_run_ids: list[str]
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class RepairCreate(_Model):
+    """A manual repair of one node; the same ``idempotency_key`` answers the
+    record it made the first time."""
+
+    node: Name
+    action: RepairActionName
+    reason: str = Field(default="", max_length=1000)
+    idempotency_key: str = Field(min_length=1, max_length=64)
+
+
+class FaultSpec(_Model):
+    """A simulated fault (embedded fleet only)."""
+
+    kind: str
+    gpu: int = Field(default=0, ge=0, le=7)
+    code: int | None = Field(default=None, description="the Xid for kind xid; replays/min")
+
+    @model_validator(mode="after")
+    def _kind(self) -> Self:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"kind: must be one of {', '.join(FAULT_KINDS)}")
+        if self.kind == "xid" and (self.code is None or self.code <= 0):
+            raise ValueError("code: an Xid fault needs its code, e.g. 79")
+        return self
+
+
+class HealthRunCreate(_Model):
+    check: str
+    node: Name | None = Field(default=None, description="one node (default: every running node)")
+    duration_s: float = Field(default=60.0, gt=0, le=3600)
+
+    @field_validator("check")
+    @classmethod
+    def _check(cls, v: str) -> str:
+        if v not in HEALTH_CHECKS:
+            raise ValueError(f"must be one of {', '.join(HEALTH_CHECKS)}")
+        return v
+
+
+class HealthRun(_Out):
+    id: str
+    cluster: str
+    node: str
+    check: str
+    state: str = Field(description="pending | running | passed | failed | skipped")
+    reason: str = ""
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    output: str = ""
+    duration_s: float
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class NodeUpdate(_Model):
+    auto_repair: bool

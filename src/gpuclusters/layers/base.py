@@ -96,6 +96,10 @@ class ClusterLayer(ABC):
         cluster (e.g. slurm.conf extras, prolog/epilog, then reconfigure).
         Idempotent. Layers without such settings keep this no-op."""
 
+    async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:  # noqa: B027
+        """Let work land on the node again after *our* cordon (a repair that
+        finished or was cancelled); a cordon or drain a user set stays."""
+
     # -- preemption (optional; defaults fit layers without workloads) ---------
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:

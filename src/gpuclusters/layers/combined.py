@@ -61,6 +61,11 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         )
         return all(empty)
 
+    async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
+        await asyncio.gather(
+            self.slurm.uncordon(cluster, node), self.kubernetes.uncordon(cluster, node)
+        )
+
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         counts = await asyncio.gather(
             self.slurm.running_work(cluster, node), self.kubernetes.running_work(cluster, node)

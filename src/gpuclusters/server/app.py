@@ -27,13 +27,15 @@ from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server import errors
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.clusters import ClusterReconciler
+from gpuclusters.server.controllers.health_runs import HealthRunReconciler
 from gpuclusters.server.controllers.housekeeping import collect_orphans, run_housekeeping
 from gpuclusters.server.controllers.leases import make_owner, release_dead_owners
 from gpuclusters.server.controllers.nodes import NodeReconciler
+from gpuclusters.server.controllers.repairs import RepairReconciler
 from gpuclusters.server.controllers.volumes import VolumeReconciler
 from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.migrate import upgrade_to_head
-from gpuclusters.server.routers import agents, catalog, clusters, system, volumes
+from gpuclusters.server.routers import agents, catalog, clusters, health, system, volumes
 from gpuclusters.server.runtime import Runtime, layers_for_provider
 from gpuclusters.server.services import tenancy
 from gpuclusters.server.services.catalog import sync_hosts
@@ -103,7 +105,13 @@ def make_reconcilers(rt: Runtime) -> list[Reconciler]:
         interval_s=rt.settings.reconcile_interval_s,
         concurrency=rt.settings.controller_concurrency,
     )
-    return [ClusterReconciler(ctx, rt), NodeReconciler(ctx, rt), VolumeReconciler(ctx, rt)]
+    return [
+        ClusterReconciler(ctx, rt),
+        NodeReconciler(ctx, rt),
+        VolumeReconciler(ctx, rt),
+        RepairReconciler(ctx, rt),
+        HealthRunReconciler(ctx, rt),
+    ]
 
 
 def announcement(settings: Settings) -> str:
@@ -175,6 +183,13 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
         return response
 
-    for router in (system.router, catalog.router, clusters.router, volumes.router, agents.router):
+    for router in (
+        system.router,
+        catalog.router,
+        clusters.router,
+        volumes.router,
+        health.router,
+        agents.router,
+    ):
         app.include_router(router)
     return app

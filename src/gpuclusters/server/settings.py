@@ -48,6 +48,14 @@ class Settings(BaseSettings):
         "(the contract's five minutes; shorter in tests)",
     )
 
+    heartbeat_timeout_s: float = Field(
+        default=30.0, gt=0, description="a running node silent this long gets an alert"
+    )
+    health_thresholds: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description='active-check thresholds by GPU type, e.g. {"H100_SXM": '
+        '{"nccl_busbw_gbps": 300}} (defaults in agent/checks.py)',
+    )
     reservation_warning_h: float = Field(
         default=24.0, gt=0, description="warn this long before a reservation ends"
     )

@@ -173,6 +173,10 @@ class KubernetesLayer(ClusterLayer):
         cp = await self._control_plane(cluster)
         return await stack.drain(cp, self._spec(cluster, cp), node.name, reason=reason)
 
+    async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
+        cp = await self._control_plane(cluster)
+        await stack.uncordon(cp, self._spec(cluster, cp), node.name)
+
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         cp = await self._control_plane(cluster)
         return await preemption.running_work(cp, self._spec(cluster, cp), node.name)

@@ -452,6 +452,18 @@ async def drain(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> 
     return not workload_pods(json.loads(out))
 
 
+async def uncordon(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> bool:
+    """Undo *our* cordon (annotated); a user's stays. True if uncordoned."""
+    obj = await get_node(cp, spec, name)
+    if obj is None or not obj.get("spec", {}).get("unschedulable"):
+        return False
+    if cfg.CORDON_ANNOTATION not in obj.get("metadata", {}).get("annotations", {}):
+        return False
+    await kubectl(cp, spec, "uncordon", name)
+    await kubectl(cp, spec, "annotate", "node", name, f"{cfg.CORDON_ANNOTATION}-")
+    return True
+
+
 async def is_cordoned_by_user(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> bool:
     obj = await get_node(cp, spec, name)
     if obj is None or not obj.get("spec", {}).get("unschedulable"):

@@ -159,6 +159,10 @@ class SlurmLayer(ClusterLayer):
         await stack.remove(controller, node.name, node=shell)
         await preemption.forget(controller, node.name)
 
+    async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
+        controller = await self._service(cluster, CONTROLLER)
+        await stack.uncordon(controller, node.name)
+
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         controller = await self._service(cluster, CONTROLLER)
         return await preemption.running_work(controller, node.name)

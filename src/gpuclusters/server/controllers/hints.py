@@ -10,6 +10,8 @@ import contextlib
 CLUSTERS = "clusters"
 NODES = "nodes"
 VOLUMES = "volumes"
+REPAIRS = "repairs"
+HEALTH = "health"
 
 
 class Hints:

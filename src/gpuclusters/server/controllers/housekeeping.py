@@ -8,7 +8,8 @@
   act); instances missing after a server *restart* are expected (a host
   reboot wipes the embedded fleet's namespaces) and the node reconciler
   rebuilds those instead;
-* drop lifecycle events older than the retention (72 h by default).
+* drop lifecycle events older than the retention (72 h by default);
+* open a ``heartbeat_missed`` alert on running nodes whose agent went silent.
 
 Orphan collection never deletes an instance whose node row is live, and the
 node row always exists before its instance is asked for, so it cannot race
@@ -26,6 +27,7 @@ from sqlalchemy import delete, select
 from gpuclusters.core.enums import EventReason, NodePhase
 from gpuclusters.providers.base import InstanceState
 from gpuclusters.server.controllers import hints
+from gpuclusters.server.controllers.alerts import note_missed_heartbeats
 from gpuclusters.server.db.models import Node, NodeEvent, utcnow
 from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
@@ -89,10 +91,14 @@ async def expire_events(rt: Runtime) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+async def missed_heartbeats(rt: Runtime) -> int:
+    return await note_missed_heartbeats(rt, missed_after_s=rt.settings.heartbeat_timeout_s)
+
+
 async def run_housekeeping(rt: Runtime) -> None:
     """Loop forever (until cancelled); one failing chore does not stop the others."""
     while True:
-        for chore in (collect_orphans, check_running_nodes, expire_events):
+        for chore in (collect_orphans, check_running_nodes, expire_events, missed_heartbeats):
             try:
                 await chore(rt)
             except asyncio.CancelledError:

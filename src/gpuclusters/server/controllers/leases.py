@@ -21,10 +21,17 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.server.db.models import Cluster, Node, Volume, utcnow
+from gpuclusters.server.db.models import (
+    Cluster,
+    HealthRun,
+    Node,
+    Remediation,
+    Volume,
+    utcnow,
+)
 
-LeasedModel = type[Cluster] | type[Node] | type[Volume]
-LEASED_MODELS: tuple[LeasedModel, ...] = (Cluster, Node, Volume)
+LeasedModel = type[Cluster] | type[Node] | type[Volume] | type[Remediation] | type[HealthRun]
+LEASED_MODELS: tuple[LeasedModel, ...] = (Cluster, Node, Volume, Remediation, HealthRun)
 
 
 class LeaseLost(Exception):

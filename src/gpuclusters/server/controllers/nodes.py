@@ -76,7 +76,7 @@ class NodeReconciler(SteppedReconciler):
             for node_id, phase, to_delete in rows
             if to_delete
             or (phase == P.RUNNING.value and node_id not in self._verified)
-            or phase not in (P.RUNNING.value, P.FAILED.value)
+            or phase not in (P.RUNNING.value, P.FAILED.value, P.REPAIRING.value)
         ]
 
     async def reconcile(self, row_id: str, token: str) -> bool:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -200,6 +201,10 @@ class Cluster(LeaseMixin, Base):
     # then, and while capacity is short, the cluster stays queued.
     start_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     nodes_placed: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Repair policy: alert kinds repaired without approval ("*": all), and
+    # job protection (seconds to wait for an idle node; -1: never interrupt).
+    repair_automatic: Mapped[str] = mapped_column(Text, default="")
+    repair_max_wait_s: Mapped[int] = mapped_column(Integer, default=7200)
     # When the "reservation ends in 24 h" warning was given (once per end).
     end_warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -259,6 +264,10 @@ class Node(LeaseMixin, Base):
     # gone or at this time, whichever comes first.
     preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     preempt_signalled: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Automatic repair may be turned off per node; the agent says whether
+    # its GPUs are real (nvml) or simulated (fault injection allowed).
+    auto_repair: Mapped[bool] = mapped_column(Boolean, default=True)
+    gpu_backend: Mapped[str | None] = mapped_column(String(16), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     phase_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
@@ -323,3 +332,91 @@ class CapacityWindow(Base):
     end_at: Mapped[datetime] = mapped_column(UTCDateTime())
     created_by: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Alert(Base):
+    """A passive health finding on a node, open until it stops being seen.
+    One open alert per (node, kind, gpu, subject); ``gpu`` is -1 for a
+    node-level alert, ``subject`` names the daemon or port it is about."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        Index(
+            "uq_alerts_open",
+            "node_id",
+            "kind",
+            "gpu",
+            "subject",
+            unique=True,
+            sqlite_where=text("resolved_at IS NULL"),
+            postgresql_where=text("resolved_at IS NULL"),
+        ),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(String(32), index=True)
+    node_id: Mapped[str] = mapped_column(String(32), index=True)
+    node_name: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16))
+    gpu: Mapped[int] = mapped_column(Integer, default=-1)
+    subject: Mapped[str] = mapped_column(String(64), default="")
+    code: Mapped[int | None] = mapped_column(Integer, default=None)
+    message: Mapped[str] = mapped_column(Text, default="")
+    details: Mapped[str] = mapped_column(Text, default="{}")
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class Remediation(LeaseMixin, Base):
+    """A repair of one node: recommended by the rules (automated) or asked
+    for by a person (manual), approved or not, then carried out by the
+    repair reconciler step by step (``step``)."""
+
+    __tablename__ = "remediations"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(String(32), index=True)
+    node_id: Mapped[str] = mapped_column(String(32), index=True)
+    node_name: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(24))
+    trigger: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    kinds: Mapped[str] = mapped_column(Text, default="")  # alert kinds, comma-separated
+    requested_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    reviewed_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
+    alert_ids: Mapped[str] = mapped_column(Text, default="[]")
+    health_run_ids: Mapped[str] = mapped_column(Text, default="[]")
+    step: Mapped[str] = mapped_column(String(16), default="")
+    step_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    message: Mapped[str] = mapped_column(Text, default="")
+    old_host_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class HealthRun(LeaseMixin, Base):
+    """One active check on one node: pending -> running -> passed | failed |
+    skipped, with the reason, metrics (JSON) and output."""
+
+    __tablename__ = "health_runs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    cluster_id: Mapped[str] = mapped_column(String(32), index=True)
+    node_id: Mapped[str] = mapped_column(String(32))
+    node_name: Mapped[str] = mapped_column(String(64))
+    check: Mapped[str] = mapped_column(String(32))
+    duration_s: Mapped[float] = mapped_column(Float, default=60.0)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    metrics: Mapped[str] = mapped_column(Text, default="{}")
+    output: Mapped[str] = mapped_column(Text, default="")
+    requested_by: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)

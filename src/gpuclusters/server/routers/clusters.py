@@ -138,6 +138,15 @@ async def get_node(
     return await nodes.get_node(session, principal=principal, project_name=project, name=name)
 
 
+@router.patch("/nodes/{name}", response_model=api.Node)
+async def update_node(
+    project: str, name: str, body: api.NodeUpdate, session: SessionDep, principal: PrincipalDep
+) -> api.Node:
+    return await nodes.update_node(
+        session, principal=principal, project_name=project, name=name, body=body
+    )
+
+
 @router.get("/events", response_model=list[api.NodeEvent])
 async def list_events(
     project: str,

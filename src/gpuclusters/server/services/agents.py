@@ -11,12 +11,17 @@ import hmac
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
+from gpuclusters.core.enums import NodePhase
 from gpuclusters.core.errors import AuthenticationError
+from gpuclusters.server.controllers.alerts import apply_findings
 from gpuclusters.server.db.models import Node, utcnow
+from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.keys import hash_key
 
 
-async def heartbeat(session: AsyncSession, *, token: str | None, body: api.AgentHeartbeat) -> None:
+async def heartbeat(
+    session: AsyncSession, *, rt: Runtime, token: str | None, body: api.AgentHeartbeat
+) -> None:
     node = await session.get(Node, body.node_id)
     expected = node.agent_token_hash if node is not None else None
     if (
@@ -28,4 +33,10 @@ async def heartbeat(session: AsyncSession, *, token: str | None, body: api.Agent
     ):
         raise AuthenticationError("unknown node or bad agent token")
     node.last_heartbeat_at = utcnow()
+    if body.gpu_backend:
+        node.gpu_backend = body.gpu_backend
+    # Findings count from a node that runs (a booting or repairing node's
+    # state is in flux; its alerts wait for it to be back).
+    if body.findings is not None and node.phase == NodePhase.RUNNING.value:
+        await apply_findings(session, rt=rt, node=node, findings=body.findings)
     await session.commit()

@@ -45,6 +45,7 @@ from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.catalog import check_region
+from gpuclusters.server.services.health import check_policy_kinds
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import cluster_view, cluster_views
 
@@ -208,6 +209,8 @@ async def _create_once(
         slurm_extra_config=body.slurm.extra_config if body.slurm else "",
         slurm_prolog=body.slurm.prolog if body.slurm else None,
         slurm_epilog=body.slurm.epilog if body.slurm else None,
+        repair_automatic=check_policy_kinds(body.repair.automatic) if body.repair else "",
+        repair_max_wait_s=body.repair.max_wait_s if body.repair else 7200,
         status="",  # set just below, so the phase history starts with queued
         volume_id=volume.id,
         created_by=principal.user_name,
@@ -297,6 +300,9 @@ async def update_cluster(
             await _set_preemptible_target(session, cluster, body.num_preemptible_gpus)
         if body.slurm is not None:
             _set_slurm(cluster, body.slurm)
+        if body.repair is not None:
+            cluster.repair_automatic = check_policy_kinds(body.repair.automatic)
+            cluster.repair_max_wait_s = body.repair.max_wait_s
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
             if cluster.nodes_placed:
                 await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)

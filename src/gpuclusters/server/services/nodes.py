@@ -75,6 +75,31 @@ async def get_node(
     return (await node_views(session, [node], clusters=clusters))[0]
 
 
+async def update_node(
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    project_name: str,
+    name: str,
+    body: api.NodeUpdate,
+) -> api.Node:
+    """Turn automatic repair on or off for one node (project admins)."""
+    project = await resolve_project(
+        session, principal=principal, name=project_name, need=ProjectRole.ADMIN
+    )
+    node = await session.scalar(
+        select(Node).where(
+            Node.project_id == project.id, Node.name == name, Node.deleted_at.is_(None)
+        )
+    )
+    if node is None:
+        raise NotFoundError(f"node {name!r} not found in project {project.name!r}", field="name")
+    node.auto_repair = body.auto_repair
+    await session.commit()
+    clusters = await _clusters(session, {node.cluster_id})
+    return (await node_views(session, [node], clusters=clusters))[0]
+
+
 async def list_events(
     session: AsyncSession,
     *,

@@ -49,6 +49,8 @@ def node_view(node: Node, *, cluster: Cluster, host: Host | None) -> api.Node:
         ready_at=node.ready_at,
         last_heartbeat_at=node.last_heartbeat_at,
         deleted_at=node.deleted_at,
+        auto_repair=node.auto_repair,
+        gpu_backend=node.gpu_backend,
     )
 
 
@@ -165,6 +167,10 @@ async def cluster_views(
                 cuda_version=c.cuda_version,
                 driver_version=c.driver_version,
                 slurm=slurm_settings(c),
+                repair=api.RepairSettings(
+                    automatic=[k for k in c.repair_automatic.split(",") if k],
+                    max_wait_s=c.repair_max_wait_s,
+                ),
                 phase_history=[
                     api.PhaseTransition(phase=p.phase, timestamp=p.timestamp, message=p.message)
                     for p in phases[c.id]

@@ -1,0 +1,117 @@
+"""Health-run reconciler: runs queued active checks on their nodes.
+
+A run is executed on the node itself (``python -m gpuclusters.agent.checks``
+through the node's shell, the same interpreter and package the node agent
+uses), with the cluster's thresholds for the GPU type. GPU checks report
+``skipped: no GPU`` where PyTorch sees no GPU. Disruptive checks want an
+idle node: a node with running work is skipped with that reason unless the
+run was asked for anyway. Providers without shells (the fake one) skip
+with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuclusters.server.controllers import hints, leases
+from gpuclusters.server.controllers.base import ControllerContext, Reconciler
+from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
+from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
+from gpuclusters.server.runtime import Runtime
+
+RUN_TIMEOUT_MARGIN_S = 300.0
+GPU_CHECKS = frozenset({"gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl"})
+
+
+class HealthRunReconciler(Reconciler):
+    name = hints.HEALTH
+    model = HealthRun
+
+    def __init__(self, ctx: ControllerContext, rt: Runtime) -> None:
+        super().__init__(ctx)
+        self.rt = rt
+
+    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+        rows = await session.scalars(
+            select(HealthRun.id)
+            .where(HealthRun.state.in_(("pending", "running")))
+            .order_by(HealthRun.created_at)
+        )
+        return list(rows)
+
+    async def _finish(self, row_id: str, token: str, outcome: dict[str, object]) -> None:
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, HealthRun, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            run = await session.get_one(HealthRun, row_id)
+            run.state = str(outcome.get("state", "failed"))
+            run.reason = str(outcome.get("reason", ""))
+            run.metrics = json.dumps(outcome.get("metrics") or {})
+            run.output = str(outcome.get("output", ""))[-20000:]
+            run.finished_at = utcnow()
+            await session.commit()
+
+    async def reconcile(self, row_id: str, token: str) -> bool:
+        async with self.ctx.sessionmaker() as session:
+            run = await session.get_one(HealthRun, row_id)
+            node = await session.get(Node, run.node_id)
+            cluster = await session.get_one(Cluster, run.cluster_id)
+            host = await session.get(Host, node.host_id) if node and node.host_id else None
+            cref = await load_cluster_ref(session, cluster)
+            await leases.fence(session, HealthRun, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            run.state, run.started_at = "running", utcnow()
+            await session.commit()
+        access = self.rt.node_access
+        if node is None or node.deleted_at is not None:
+            await self._finish(row_id, token, {"state": "skipped", "reason": "the node is gone"})
+            return True
+        if access is None:
+            await self._finish(
+                row_id, token, {"state": "skipped", "reason": "no shell on this provider's nodes"}
+            )
+            return True
+        layer = self.rt.layer_for(cluster.cluster_type)
+        if run.check in GPU_CHECKS:
+            try:
+                busy = await layer.running_work(cref, node_ref(node, host))
+            except Exception:
+                busy = 0
+            if busy:
+                await self._finish(
+                    row_id,
+                    token,
+                    {"state": "skipped", "reason": f"the node is busy ({busy} workload(s))"},
+                )
+                return True
+        thresholds = self.rt.settings.health_thresholds.get(cluster.gpu_type, {})
+        shell = await access.shell(node.id)
+        result = await shell.run(
+            [
+                sys.executable,
+                "-m",
+                "gpuclusters.agent.checks",
+                run.check,
+                "--duration",
+                str(run.duration_s),
+                "--gpu-type",
+                cluster.gpu_type,
+                "--thresholds",
+                json.dumps(thresholds),
+            ],
+            check=False,
+            timeout_s=run.duration_s + RUN_TIMEOUT_MARGIN_S,
+        )
+        try:
+            outcome = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            outcome = {
+                "state": "failed",
+                "reason": f"the check did not report (exit {result.returncode})",
+                "output": (result.stdout + result.stderr)[-4000:],
+            }
+        await self._finish(row_id, token, outcome)
+        return True

@@ -1,0 +1,126 @@
+"""Health checks and repair on the embedded fleet (netns provider, real
+Slurm), as the issue's acceptance runs them: an injected Xid 79 becomes a
+critical alert within two heartbeat intervals, the rules recommend a
+migration that waits for approval, and once approved the node moves to
+another host with an empty /scratch, the shared volume intact and its job
+requeued; an active GPU check ends ``skipped: no GPU`` here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import ServerHandle, Servers
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the netns provider needs root"),
+    pytest.mark.skipif(shutil.which("slurmctld") is None, reason="run scripts/setup first"),
+]
+HEARTBEAT_S = 5.0  # the node agent's default interval
+
+
+def ok(server: ServerHandle, *args: str, timeout: float = 180) -> str:
+    r = server.cli(*args, timeout=timeout)
+    assert r.returncode == 0, f"gpuclusters {' '.join(args)}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def js(server: ServerHandle, *args: str) -> Any:
+    return json.loads(ok(server, *args, "--output", "json"))
+
+
+def ssh(server: ServerHandle, *cmd: str, node: str | None = None) -> str:
+    extra = ["--node", node] if node else []
+    return ok(server, "clusters", "ssh", "h1", *extra, "--", *cmd)
+
+
+def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
+    server_factory: Servers,
+) -> None:
+    server = server_factory(provider="netns")
+    created = js(server, "clusters", "create", "h1", "--type", "slurm", "--gpus", "16", "--wait")
+    assert created["status"] == "ready"
+    # Job protection off for this cluster: drain at once (requeue the job).
+    ok(server, "clusters", "configure", "h1", "--repair-max-wait", "0")
+    victim, other = sorted(created["nodes"], key=lambda n: n["name"])
+    old_host = victim["host"]
+    assert js(server, "alerts", "list") == []
+
+    # Work on the victim: a file on its local NVMe, data on the shared
+    # volume, and a job running there.
+    ssh(server, "sh", "-c", "echo local > /scratch/marker", node=victim["name"])
+    ssh(server, "sh", "-c", "echo shared > /mnt/shared/keep.txt")
+    job = ssh(server, "sbatch", "--parsable", "-w", victim["name"], "--gres=gpu:8",
+              "--wrap", "sleep 600").strip()  # fmt: skip
+    server.wait_for(
+        "the job to run",
+        lambda: "JobState=RUNNING" in ssh(server, "scontrol", "show", "job", job),
+        timeout=30,
+    )
+
+    injected_at = time.monotonic()
+    ok(server, "nodes", "inject-fault", victim["name"], "--kind", "xid", "--code", "79",
+       "--gpu", "3")  # fmt: skip
+    alerts = server.wait_for(
+        "a critical alert",
+        lambda: [a for a in js(server, "alerts", "list") if a["severity"] == "critical"],
+        timeout=30,
+        interval=0.5,
+    )
+    alerted_after = time.monotonic() - injected_at
+    (alert,) = alerts
+    assert (alert["node"], alert["gpu"], alert["code"], alert["kind"]) == (
+        victim["name"], 3, 79, "gpu_missing"
+    )  # fmt: skip
+    assert alerted_after <= 2 * HEARTBEAT_S + 2, alerted_after  # within two heartbeats
+
+    (repair,) = server.wait_for(
+        "a repair recommendation", lambda: js(server, "repairs", "list"), timeout=10
+    )
+    assert (repair["action"], repair["state"], repair["trigger"]) == (
+        "migrate", "pending_approval", "automated"
+    )  # fmt: skip
+    assert repair["alert_ids"] == [alert["id"]]
+
+    approved = js(server, "repairs", "approve", repair["id"])
+    assert approved["state"] in ("pending", "running") and approved["reviewed_by"] == "admin"
+
+    def repaired() -> dict[str, Any] | None:
+        r = js(server, "repairs", "list")[0]
+        assert r["state"] not in ("failed", "cancelled"), r
+        return r if r["state"] == "succeeded" else None
+
+    server.wait_for("the migration to finish", repaired, timeout=240, interval=1)
+    node = js(server, "nodes", "get", victim["name"])
+    assert node["phase"] == "running" and node["host"] not in (old_host, other["host"])
+    hosts = {h["name"]: h for h in js(server, "hosts", "list")}
+    assert hosts[old_host]["state"] == "cordoned" and hosts[old_host]["node"] is None
+    # Local NVMe is the new host's (empty); the shared volume kept its data.
+    assert ssh(server, "ls", "-A", "/scratch", node=victim["name"]).strip() == ""
+    assert ssh(server, "cat", "/mnt/shared/keep.txt", node=victim["name"]).strip() == "shared"
+    # The job that ran there was requeued.
+    state = dict(re.findall(r"(\w+)=(\S*)", ssh(server, "scontrol", "show", "job", job)))
+    assert int(state["Restarts"]) >= 1, state
+    # The fault went with the old host: no open alert, the node schedulable.
+    assert js(server, "alerts", "list") == []
+    server.wait_for(
+        "the node idle in Slurm again",
+        lambda: re.search(rf"{victim['name']} (idle|mixed|allocated)\b",
+                          ssh(server, "sinfo", "-h", "-N", "-o", "%N %T")),
+        timeout=60,
+    )  # fmt: skip
+
+    # Active checks: no GPU here.
+    runs = js(server, "health", "run", "h1", "--check", "gpu-burn", "--duration", "5")
+    assert {(r["state"], r["reason"]) for r in runs} == {("skipped", "no GPU")}
+    assert len(runs) == 2
+    ssh(server, "scancel", job)
+    ok(server, "clusters", "delete", "h1", "--wait", timeout=300)
