@@ -8,13 +8,15 @@ alert whose finding is gone is resolved. Housekeeping opens
 After alerts change, the rules (``core.health.rules``) choose an action for
 the node's open alerts. When it is a repair and no repair of that node is
 open yet, a remediation is recorded (idempotency key
-``auto:<node>:<first alert>:<action>``), ``pending`` if the cluster's policy
+``auto:<node>:<hash of its open alerts>:<action>``: the same alerts are
+never recommended twice, e.g. after a person rejected the repair), ``pending`` if the cluster's policy
 lets it run alone, ``pending_approval`` otherwise. A remediation still
 waiting whose alerts all resolved becomes ``auto_resolved``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from datetime import timedelta
@@ -183,7 +185,11 @@ async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) ->
         last_repair_at=last,
         now=now,
     )
-    first = min(alerts, key=lambda a: a.started_at)
+    alert_ids = sorted(a.id for a in alerts)
+    digest = hashlib.sha256(",".join(alert_ids).encode()).hexdigest()[:16]
+    key = f"auto:{node.id}:{digest}:{action.value}"
+    if await session.scalar(select(Remediation.id).where(Remediation.idempotency_key == key)):
+        return None  # recommended for exactly these alerts before (e.g. rejected)
     rem = Remediation(
         project_id=node.project_id,
         cluster_id=node.cluster_id,
@@ -195,8 +201,8 @@ async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) ->
         reason="; ".join(a.message for a in sorted(alerts, key=lambda a: a.started_at)),
         kinds=",".join(kinds),
         requested_by="gpuclusters",
-        idempotency_key=f"auto:{node.id}:{first.id}:{action.value}",
-        alert_ids=json.dumps(sorted(a.id for a in alerts)),
+        idempotency_key=key,
+        alert_ids=json.dumps(alert_ids),
         message=why,
         created_at=now,
         updated_at=now,

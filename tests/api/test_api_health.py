@@ -1,0 +1,216 @@
+"""Alerts and the repair workflow through the HTTP API (fake provider, no-op
+layer). Findings are fed the way heartbeats feed them (``apply_findings``);
+the repair reconciler then reboots, reprovisions or migrates fake nodes."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from conftest import ApiHarness
+from gpuclusters.server.controllers import hints
+from gpuclusters.server.controllers.alerts import apply_findings, note_missed_heartbeats
+from gpuclusters.server.db.models import Node, utcnow
+
+P = "/v1/projects/default"
+ECC = {"kind": "ecc_dbe", "severity": "critical", "message": "GPU 2: 1 double-bit ECC error(s)",
+       "gpu": 2}  # fmt: skip
+XID79 = {"kind": "gpu_missing", "severity": "critical", "message": "GPU 3: Xid 79", "gpu": 3,
+         "code": 79}  # fmt: skip
+
+
+async def report(api: ApiHarness, node: str, findings: list[dict[str, Any]]) -> None:
+    """What a heartbeat with these findings does."""
+    rt = api.runtime
+    async with rt.sessionmaker() as session:
+        row = await session.scalar(select(Node).where(Node.name == node, Node.deleted_at.is_(None)))
+        assert row is not None
+        await apply_findings(session, rt=rt, node=row, findings=findings)
+        await session.commit()
+    rt.hints.notify(hints.REPAIRS)
+
+
+async def cluster(api: ApiHarness, gpus: int = 40, **repair: Any) -> list[str]:
+    body: dict[str, Any] = {"name": "c", "cluster_type": "slurm", "num_gpus": gpus}
+    if repair:
+        body["repair"] = repair
+    r = await api.client.post(f"{P}/clusters", json=body)
+    assert r.status_code == 201, r.text
+    ready = await api.wait_cluster("c", {"ready"})
+    return sorted(n["name"] for n in ready["nodes"])
+
+
+async def repairs(api: ApiHarness, **params: str) -> list[dict[str, Any]]:
+    r = await api.client.get(f"{P}/repairs", params=params)
+    r.raise_for_status()
+    return list(r.json())
+
+
+async def until(check: Any, within_s: float = 15) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def wait_repair(api: ApiHarness, repair_id: str, states: set[str]) -> dict[str, Any]:
+    async def done() -> dict[str, Any] | None:
+        r = (await api.client.get(f"{P}/repairs/{repair_id}")).json()
+        return r if r["state"] in states else None
+
+    result: dict[str, Any] = await until(done)
+    return result
+
+
+async def test_ecc_needs_approval_then_reboots_and_escalates(api: ApiHarness) -> None:
+    nodes = await cluster(api)
+    await report(api, nodes[0], [ECC])
+    (alert,) = (await api.client.get(f"{P}/alerts")).json()
+    assert (alert["kind"], alert["severity"], alert["gpu"]) == ("ecc_dbe", "critical", 2)
+    (rem,) = await repairs(api)
+    assert (rem["action"], rem["state"], rem["trigger"]) == ("reboot", "pending_approval",
+                                                             "automated")  # fmt: skip
+    assert "approval" in rem["message"] and rem["alert_ids"] == [alert["id"]]
+    # A repeat of the same finding changes nothing.
+    await report(api, nodes[0], [ECC])
+    assert len(await repairs(api)) == 1
+
+    r = await api.client.post(f"{P}/repairs/{rem['id']}/approve")
+    assert r.status_code == 200 and r.json()["reviewed_by"] == "admin"
+    done = await wait_repair(api, rem["id"], {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done
+    node = (await api.client.get(f"{P}/nodes/{nodes[0]}")).json()
+    assert node["phase"] == "running" and not node["cordoned"]
+    assert (await api.client.get(f"{P}/alerts")).json() == []  # resolved with the repair
+    # Approving again answers the same record.
+    assert (await api.client.post(f"{P}/repairs/{rem['id']}/approve")).status_code == 200
+
+    # The same fault soon after: one step stronger.
+    await report(api, nodes[0], [ECC])
+    second = next(r for r in await repairs(api) if r["id"] != rem["id"])
+    assert second["action"] == "reprovision"
+
+
+async def test_reject_cancel_and_auto_resolve(api: ApiHarness) -> None:
+    nodes = await cluster(api)
+    await report(api, nodes[1], [XID79])
+    (rem,) = await repairs(api)
+    assert rem["action"] == "migrate"
+    r = await api.client.post(f"{P}/repairs/{rem['id']}/reject")
+    assert r.json()["state"] == "cancelled" and "rejected by admin" in r.json()["message"]
+    r = await api.client.post(f"{P}/repairs/{rem['id']}/approve")
+    assert r.status_code == 409 and r.json()["code"] == "invalid_state"
+
+    # A new finding while nothing is open: a new recommendation; when the
+    # fault goes away before anyone acts, it resolves itself.
+    await report(api, nodes[1], [XID79, ECC])
+    waiting = [r for r in await repairs(api) if r["state"] == "pending_approval"]
+    assert len(waiting) == 1 and waiting[0]["action"] == "migrate"
+    await report(api, nodes[1], [])
+    auto = (await api.client.get(f"{P}/repairs/{waiting[0]['id']}")).json()
+    assert auto["state"] == "auto_resolved"
+    resolved = (await api.client.get(f"{P}/alerts", params={"include_resolved": True})).json()
+    assert all(a["resolved_at"] for a in resolved) and len(resolved) == 2
+
+    # Cancel before it starts.
+    await report(api, nodes[1], [ECC])
+    (pending,) = await repairs(api, state="pending_approval")
+    r = await api.client.post(f"{P}/repairs/{pending['id']}/cancel")
+    assert r.json()["state"] == "cancelled"
+
+
+async def test_automatic_policy_and_the_unhealthy_limit(api: ApiHarness) -> None:
+    nodes = await cluster(api, automatic=["ecc_dbe"], max_wait_s=0)
+    await report(api, nodes[0], [ECC])
+    (first,) = await repairs(api)
+    assert first["state"] in ("pending", "running", "succeeded") and first["reviewed_by"] is None
+    done = await wait_repair(api, first["id"], {"succeeded", "failed"})
+    assert done["state"] == "succeeded"
+
+    # Two of five nodes unhealthy at once (> 20%): the second waits.
+    await report(api, nodes[1], [ECC])
+    await report(api, nodes[2], [ECC])
+    by_node = {r["node"]: r for r in await repairs(api) if r["id"] != first["id"]}
+    assert by_node[nodes[1]]["state"] != "pending_approval"
+    assert by_node[nodes[2]]["state"] == "pending_approval"
+    assert "automatic repair is paused" in by_node[nodes[2]]["message"]
+
+    # A fault the policy does not name needs approval; so does a node with
+    # auto-repair off.
+    await report(api, nodes[3], [XID79])
+    r = await api.client.patch(f"{P}/nodes/{nodes[4]}", json={"auto_repair": False})
+    assert r.status_code == 200 and r.json()["auto_repair"] is False
+    await wait_repair(api, by_node[nodes[1]]["id"], {"succeeded"})
+    await report(api, nodes[4], [ECC])
+    later = {r["node"]: r for r in await repairs(api, state="pending_approval")}
+    assert "policy" in later[nodes[3]]["message"]
+    assert "auto-repair is off" in later[nodes[4]]["message"]
+
+
+async def test_warnings_missed_heartbeats_and_manual_repairs(api: ApiHarness) -> None:
+    nodes = await cluster(api, gpus=16)
+    disk = {"kind": "disk_pressure", "severity": "warning", "message": "/scratch 2% free"}
+    await report(api, nodes[0], [disk])
+    assert [a["kind"] for a in (await api.client.get(f"{P}/alerts")).json()] == ["disk_pressure"]
+    assert await repairs(api) == []  # warn only
+
+    rt = api.runtime
+    async with rt.sessionmaker() as session:
+        row = await session.scalar(select(Node).where(Node.name == nodes[1]))
+        assert row is not None
+        row.last_heartbeat_at = row.ready_at = utcnow() - timedelta(minutes=5)
+        await session.commit()
+    assert await note_missed_heartbeats(rt, missed_after_s=30) == 1
+    assert await note_missed_heartbeats(rt, missed_after_s=30) == 0  # one alert, not two
+    alerts = {a["node"]: a for a in (await api.client.get(f"{P}/alerts")).json()}
+    assert alerts[nodes[1]]["kind"] == "heartbeat_missed"
+    assert alerts[nodes[1]]["severity"] == "critical"
+    (rem,) = await repairs(api)
+    assert (rem["node"], rem["action"], rem["state"]) == (nodes[1], "reboot", "pending_approval")
+
+    body = {"node": nodes[0], "action": "reprovision", "reason": "flaky", "idempotency_key": "k1"}
+    r1 = await api.client.post(f"{P}/repairs", json=body)
+    assert r1.status_code == 201, r1.text
+    r2 = await api.client.post(f"{P}/repairs", json=body)
+    assert r2.json()["id"] == r1.json()["id"]  # idempotent
+    r3 = await api.client.post(f"{P}/repairs", json=body | {"idempotency_key": "k2"})
+    assert r3.status_code == 409  # one open repair per node
+    done = await wait_repair(api, r1.json()["id"], {"succeeded", "failed"})
+    assert done["state"] == "succeeded" and done["trigger"] == "manual"
+
+
+async def test_fault_injection_and_checks_need_the_embedded_fleet(api: ApiHarness) -> None:
+    nodes = await cluster(api, gpus=8)
+    r = await api.client.post(f"{P}/nodes/{nodes[0]}/faults", json={"kind": "xid", "code": 79})
+    assert r.status_code == 409 and "embedded fleet" in r.json()["message"]
+    r = await api.client.post(f"{P}/nodes/{nodes[0]}/faults", json={"kind": "xid"})
+    assert r.status_code == 422 and "Xid" in r.json()["message"]
+    r = await api.client.post(f"{P}/nodes/{nodes[0]}/faults", json={"kind": "meteor"})
+    assert r.status_code == 422
+    r = await api.client.post(
+        "/v1/api-keys", json={"user": "eve", "project": "default", "role": "editor"}
+    )
+    async with api.as_key(r.json()["key"]) as eve:
+        r = await eve.post(f"{P}/nodes/{nodes[0]}/faults", json={"kind": "xid", "code": 79})
+        assert r.status_code == 403
+        assert (await eve.get(f"{P}/alerts")).status_code == 200
+
+    r = await api.client.post(f"{P}/clusters/c/health-checks", json={"check": "gpu-burn"})
+    assert r.status_code == 201, r.text
+    (run,) = r.json()
+
+    async def finished() -> dict[str, Any] | None:
+        h = (await api.client.get(f"{P}/health-checks/{run['id']}")).json()
+        return h if h["state"] not in ("pending", "running") else None
+
+    h = await until(finished)
+    assert h["state"] == "skipped" and "no shell" in h["reason"]
+    r = await api.client.post(f"{P}/clusters/c/health-checks", json={"check": "dcgm"})
+    assert r.status_code == 422
