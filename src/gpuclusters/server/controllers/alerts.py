@@ -7,10 +7,10 @@ alert whose finding is gone is resolved. Housekeeping opens
 
 After alerts change, the rules (``core.health.rules``) choose an action for
 the node's open alerts. When it is a repair and no repair of that node is
-open yet, a remediation is recorded (idempotency key
-``auto:<node>:<hash of its open alerts>:<action>``: the same alerts are
-never recommended twice, e.g. after a person rejected the repair), ``pending`` if the cluster's policy
-lets it run alone, ``pending_approval`` otherwise. A remediation still
+open yet, a remediation is recorded, ``pending`` if the cluster's policy
+lets it run alone, ``pending_approval`` otherwise. Its idempotency key is
+``auto:<node>:<hash of the open alerts>:<action>``: the same alerts are
+never recommended twice (e.g. after a person rejected the repair). A remediation still
 waiting whose alerts all resolved becomes ``auto_resolved``.
 """
 
