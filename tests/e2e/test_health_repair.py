@@ -45,7 +45,10 @@ def ssh(server: ServerHandle, *cmd: str, node: str | None = None) -> str:
 def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
     server_factory: Servers,
 ) -> None:
-    server = server_factory(provider="netns")
+    server = server_factory(provider="netns", start=False)
+    # Repairs follow each other quickly here; the cooldown is for production.
+    server.env["GPUCLUSTERS_REPAIR_COOLDOWN_S"] = "0"
+    server.start()
     created = js(server, "clusters", "create", "h1", "--type", "slurm", "--gpus", "16", "--wait")
     assert created["status"] == "ready"
     # Job protection off for this cluster: drain at once (requeue the job).
@@ -118,9 +121,54 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
         timeout=60,
     )  # fmt: skip
 
+    # The automatic policy: an ECC double-bit error is rebooted without
+    # approval; a reboot keeps local NVMe.
+    ok(server, "clusters", "configure", "h1", "--repair-automatic", "ecc_dbe")
+    ssh(server, "sh", "-c", "echo kept > /scratch/marker", node=other["name"])
+    ok(server, "nodes", "inject-fault", other["name"], "--kind", "ecc-dbe", "--gpu", "1")
+
+    def rebooted() -> dict[str, Any] | None:
+        mine = [r for r in js(server, "repairs", "list") if r["node"] == other["name"]]
+        return mine[0] if mine and mine[0]["state"] == "succeeded" else None
+
+    reboot = server.wait_for("the automatic reboot", rebooted, timeout=120, interval=1)
+    assert (reboot["action"], reboot["trigger"], reboot["reviewed_by"]) == (
+        "reboot", "automated", None
+    )  # fmt: skip
+    assert ssh(server, "cat", "/scratch/marker", node=other["name"]).strip() == "kept"
+    assert js(server, "nodes", "get", other["name"])["host"] == other["host"]
+    server.wait_for("the ECC alert to resolve", lambda: js(server, "alerts", "list") == [],
+                    timeout=30)  # fmt: skip
+
+    # Both nodes unhealthy at once (more than 20%): one is repaired, the
+    # other waits for a person.
+    ok(server, "clusters", "configure", "h1", "--repair-max-wait", "-1")  # and slow it down
+    ssh(server, "sbatch", "-w", other["name"], "--gres=gpu:8", "--wrap", "sleep 600")
+    for n in (victim["name"], other["name"]):
+        ok(server, "nodes", "inject-fault", n, "--kind", "ecc-dbe", "--gpu", "0")
+    both = server.wait_for(
+        "two recommendations",
+        lambda: (rs := [r for r in js(server, "repairs", "list")
+                        if r["state"] not in ("succeeded", "cancelled")]) and len(rs) == 2 and rs,
+        timeout=60,
+    )  # fmt: skip
+    states = sorted(r["state"] for r in both)
+    assert "pending_approval" in states and states != ["pending_approval"] * 2, both
+    held = next(r for r in both if r["state"] == "pending_approval")
+    assert "automatic repair is paused" in held["message"]
+    ok(server, "repairs", "cancel", held["id"])
+    ssh(server, "scancel", "--user=admin")
+    server.wait_for(
+        "the running repair to finish",
+        lambda: all(
+            r["state"] in ("succeeded", "cancelled") for r in js(server, "repairs", "list")
+        ),
+        timeout=120,
+        interval=1,
+    )
+
     # Active checks: no GPU here.
     runs = js(server, "health", "run", "h1", "--check", "gpu-burn", "--duration", "5")
     assert {(r["state"], r["reason"]) for r in runs} == {("skipped", "no GPU")}
     assert len(runs) == 2
-    ssh(server, "scancel", job)
     ok(server, "clusters", "delete", "h1", "--wait", timeout=300)

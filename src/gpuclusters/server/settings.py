@@ -56,6 +56,9 @@ class Settings(BaseSettings):
         description='active-check thresholds by GPU type, e.g. {"H100_SXM": '
         '{"nccl_busbw_gbps": 300}} (defaults in agent/checks.py)',
     )
+    repair_cooldown_s: float = Field(
+        default=1800.0, ge=0, description="no automatic repair of a node this soon after one"
+    )
     reservation_warning_h: float = Field(
         default=24.0, gt=0, description="warn this long before a reservation ends"
     )

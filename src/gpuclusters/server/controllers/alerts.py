@@ -184,6 +184,7 @@ async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) ->
         cluster_nodes=total,
         last_repair_at=last,
         now=now,
+        cooldown=timedelta(seconds=rt.settings.repair_cooldown_s),
     )
     alert_ids = sorted(a.id for a in alerts)
     digest = hashlib.sha256(",".join(alert_ids).encode()).hexdigest()[:16]
