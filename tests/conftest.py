@@ -88,6 +88,7 @@ def make_settings(home: Path, database_url: str | None, **overrides: Any) -> Set
         "fake_boot_delay_s": 0.05,
         "reconcile_interval_s": 0.2,
         "housekeeping_interval_s": 0.5,
+        "acceptance_checks": [],  # acceptance tests are off in tests
     }
     values.update(overrides)
     return Settings(**values)

@@ -214,3 +214,28 @@ async def test_fault_injection_and_checks_need_the_embedded_fleet(api: ApiHarnes
     assert h["state"] == "skipped" and "no shell" in h["reason"]
     r = await api.client.post(f"{P}/clusters/c/health-checks", json={"check": "dcgm"})
     assert r.status_code == 422
+
+
+async def test_a_node_that_fails_its_acceptance_tests_is_not_added(
+    api: ApiHarness, monkeypatch: Any
+) -> None:
+    from gpuclusters.server.controllers import nodes as node_controller
+
+    async def verdict(rt: Any, node_id: str, check: str, **_: Any) -> dict[str, Any]:
+        if check == "nccl":
+            return {"state": "failed", "reason": "busbw 12 GB/s < 300", "metrics": {"busbw": 12}}
+        return {"state": "skipped", "reason": "no GPU"}
+
+    monkeypatch.setattr(node_controller, "run_check_on_node", verdict)
+    monkeypatch.setattr(api.runtime.settings, "acceptance_checks", ["gpu-burn", "nccl"])
+    r = await api.client.post(
+        f"{P}/clusters", json={"name": "c", "cluster_type": "slurm", "num_gpus": 8}
+    )
+    assert r.status_code == 201
+    failed = await api.wait_cluster("c", {"failed", "ready"})
+    assert failed["status"] == "failed"
+    (node,) = failed["nodes"]
+    assert node["phase"] == "failed" and "acceptance test nccl failed" in node["message"]
+    runs = {h["check"]: h for h in (await api.client.get(f"{P}/health-checks")).json()}
+    assert runs["gpu-burn"]["state"] == "skipped" and runs["nccl"]["state"] == "failed"
+    assert runs["nccl"]["metrics"] == {"busbw": 12} and runs["nccl"]["requested_by"] == "acceptance"

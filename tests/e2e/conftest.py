@@ -91,6 +91,8 @@ class ServerHandle:
             GPUCLUSTERS_FAKE_BOOT_DELAY_S=str(boot_delay_s),
             GPUCLUSTERS_RECONCILE_INTERVAL_S="0.5",
             GPUCLUSTERS_HOUSEKEEPING_INTERVAL_S="1",
+            # Acceptance tests are off in tests (tests that want them say so).
+            GPUCLUSTERS_ACCEPTANCE_CHECKS="[]",
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0

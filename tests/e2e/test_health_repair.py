@@ -48,6 +48,7 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
     server = server_factory(provider="netns", start=False)
     # Repairs follow each other quickly here; the cooldown is for production.
     server.env["GPUCLUSTERS_REPAIR_COOLDOWN_S"] = "0"
+    server.env["GPUCLUSTERS_ACCEPTANCE_CHECKS"] = '["gpu-burn", "nccl"]'  # the default
     server.start()
     created = js(server, "clusters", "create", "h1", "--type", "slurm", "--gpus", "16", "--wait")
     assert created["status"] == "ready"
@@ -56,6 +57,12 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
     victim, other = sorted(created["nodes"], key=lambda n: n["name"])
     old_host = victim["host"]
     assert js(server, "alerts", "list") == []
+    # Acceptance tests ran when the nodes joined (skipped without a GPU).
+    accepted = [r for r in js(server, "health", "list") if r["requested_by"] == "acceptance"]
+    assert {(r["node"], r["check"]) for r in accepted} >= {
+        (n["name"], c) for n in created["nodes"] for c in ("gpu-burn", "nccl")
+    }
+    assert {(r["state"], r["reason"]) for r in accepted} == {("skipped", "no GPU")}
 
     # Work on the victim: a file on its local NVMe, data on the shared
     # volume, and a job running there.

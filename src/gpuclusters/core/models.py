@@ -676,6 +676,7 @@ class HealthRun(_Out):
     metrics: dict[str, Any] = Field(default_factory=dict)
     output: str = ""
     duration_s: float
+    requested_by: str | None = Field(default=None, description='a user, or "acceptance"')
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None

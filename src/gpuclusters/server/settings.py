@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     repair_cooldown_s: float = Field(
         default=1800.0, ge=0, description="no automatic repair of a node this soon after one"
     )
+    acceptance_checks: list[str] = Field(
+        default_factory=lambda: ["gpu-burn", "nccl"],
+        description="active checks a node passes before it counts as running "
+        "(skipped ones pass: no GPU here); [] turns acceptance tests off",
+    )
+    acceptance_burn_s: float = Field(default=300.0, gt=0, description="acceptance GPU burn")
     reservation_warning_h: float = Field(
         default=24.0, gt=0, description="warn this long before a reservation ends"
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -26,6 +27,36 @@ from gpuclusters.server.runtime import Runtime
 
 RUN_TIMEOUT_MARGIN_S = 300.0
 GPU_CHECKS = frozenset({"gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl"})
+
+
+async def run_check_on_node(
+    rt: Runtime, node_id: str, check: str, *, duration_s: float, gpu_type: str
+) -> dict[str, Any]:
+    """Run one active check in the node; its JSON result (or a failure)."""
+    access = rt.node_access
+    if access is None:
+        return {"state": "skipped", "reason": "no shell on this provider's nodes"}
+    thresholds = rt.settings.health_thresholds.get(gpu_type, {})
+    shell = await access.shell(node_id)
+    result = await shell.run(
+        [
+            sys.executable, "-m", "gpuclusters.agent.checks", check,
+            "--duration", str(duration_s), "--gpu-type", gpu_type,
+            "--thresholds", json.dumps(thresholds),
+        ],
+        check=False,
+        timeout_s=duration_s + RUN_TIMEOUT_MARGIN_S,
+    )  # fmt: skip
+    try:
+        outcome = json.loads(result.stdout.strip().splitlines()[-1])
+        assert isinstance(outcome, dict)
+    except (ValueError, IndexError, AssertionError):
+        outcome = {
+            "state": "failed",
+            "reason": f"the check did not report (exit {result.returncode})",
+            "output": (result.stdout + result.stderr)[-4000:],
+        }
+    return outcome
 
 
 class HealthRunReconciler(Reconciler):
@@ -87,31 +118,8 @@ class HealthRunReconciler(Reconciler):
                     {"state": "skipped", "reason": f"the node is busy ({busy} workload(s))"},
                 )
                 return True
-        thresholds = self.rt.settings.health_thresholds.get(cluster.gpu_type, {})
-        shell = await access.shell(node.id)
-        result = await shell.run(
-            [
-                sys.executable,
-                "-m",
-                "gpuclusters.agent.checks",
-                run.check,
-                "--duration",
-                str(run.duration_s),
-                "--gpu-type",
-                cluster.gpu_type,
-                "--thresholds",
-                json.dumps(thresholds),
-            ],
-            check=False,
-            timeout_s=run.duration_s + RUN_TIMEOUT_MARGIN_S,
+        outcome = await run_check_on_node(
+            self.rt, node.id, run.check, duration_s=run.duration_s, gpu_type=cluster.gpu_type
         )
-        try:
-            outcome = json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            outcome = {
-                "state": "failed",
-                "reason": f"the check did not report (exit {result.returncode})",
-                "output": (result.stdout + result.stderr)[-4000:],
-            }
         await self._finish(row_id, token, outcome)
         return True

@@ -35,9 +35,10 @@ from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef, Permanent
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
+from gpuclusters.server.controllers.health_runs import run_check_on_node
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref, node_spec
 from gpuclusters.server.db.allocation import PREEMPTED
-from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
+from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
 from gpuclusters.server.db.records import close_usage, open_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.keys import hash_key, new_key
@@ -168,9 +169,52 @@ class NodeReconciler(SteppedReconciler):
                 return await self._write(row_id, token, phase=P.FAILED, message=str(exc))
             if not joined:
                 return False
+            failed = await self._acceptance(node, cluster)
+            if failed:
+                return await self._write(row_id, token, phase=P.FAILED, message=failed)
             return await self._write(row_id, token, phase=P.RUNNING)
 
         return False
+
+    async def _acceptance(self, node: Node, cluster: Cluster) -> str:
+        """Acceptance tests before a (re)joined node counts as running: each
+        configured check runs on the node and is recorded; a failed one keeps
+        the node out (its message says which). Skipped checks (no GPU here)
+        pass."""
+        checks = self.rt.settings.acceptance_checks
+        if not checks:
+            return ""
+        for check in checks:
+            duration = self.rt.settings.acceptance_burn_s if check == "gpu-burn" else 60.0
+            async with self.ctx.sessionmaker() as session:
+                run = HealthRun(
+                    project_id=node.project_id,
+                    cluster_id=node.cluster_id,
+                    node_id=node.id,
+                    node_name=node.name,
+                    check=check,
+                    duration_s=duration,
+                    state="running",
+                    requested_by="acceptance",
+                    started_at=utcnow(),
+                )
+                session.add(run)
+                await session.commit()
+                run_id = run.id
+            outcome = await run_check_on_node(
+                self.rt, node.id, check, duration_s=duration, gpu_type=cluster.gpu_type
+            )
+            async with self.ctx.sessionmaker() as session:
+                row = await session.get_one(HealthRun, run_id)
+                row.state = str(outcome.get("state", "failed"))
+                row.reason = str(outcome.get("reason", ""))
+                row.metrics = json.dumps(outcome.get("metrics") or {})
+                row.output = str(outcome.get("output", ""))[-20000:]
+                row.finished_at = utcnow()
+                await session.commit()
+            if row.state == "failed":
+                return f"acceptance test {check} failed: {row.reason}"
+        return ""
 
     async def _take_awaited_host(self, row_id: str, token: str) -> bool:
         """Take the awaited host once no live node holds it any more."""

@@ -105,6 +105,7 @@ def health_run_view(h: HealthRun, cluster: str) -> api.HealthRun:
         metrics=json.loads(h.metrics or "{}"),
         output=h.output,
         duration_s=h.duration_s,
+        requested_by=h.requested_by,
         created_at=h.created_at,
         started_at=h.started_at,
         finished_at=h.finished_at,
