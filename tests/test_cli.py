@@ -195,8 +195,15 @@ def test_table_output_lists_clusters(api: FakeApi) -> None:
     assert result.exit_code == 0, result.output
     header, row = result.stdout.splitlines()[:2]
     assert header.split() == [
-        "NAME", "TYPE", "GPU_TYPE", "GPUS", "PREEMPTIBLE", "STATUS", "NODES", "AGE"
-    ]  # fmt: skip
+        "NAME",
+        "TYPE",
+        "GPU_TYPE",
+        "GPUS",
+        "PREEMPTIBLE",
+        "STATUS",
+        "NODES",
+        "AGE",
+    ]
     assert row.split()[:7] == ["train", "slurm", "H100_SXM", "16", "0/8", "ready", "1/2"]
 
 
@@ -275,11 +282,26 @@ def test_create_maps_flags_to_the_request_body(api: FakeApi) -> None:
     api.on("POST", "/v1/projects/default/clusters", ok(cluster_json(), 201))
 
     result = run(
-        "clusters", "create", "train", "--type", "kubernetes", "--gpus", "16",
-        "--preemptible-gpus", "8", "--billing", "scheduled",
-        "--reservation-start", "2025-02-01T00:00:00Z", "--reservation-end", "2025-02-03T00:00:00Z",
-        "--volume-size-tib", "2", "-o", "json",
-    )  # fmt: skip
+        "clusters",
+        "create",
+        "train",
+        "--type",
+        "kubernetes",
+        "--gpus",
+        "16",
+        "--preemptible-gpus",
+        "8",
+        "--billing",
+        "scheduled",
+        "--reservation-start",
+        "2025-02-01T00:00:00Z",
+        "--reservation-end",
+        "2025-02-03T00:00:00Z",
+        "--volume-size-tib",
+        "2",
+        "-o",
+        "json",
+    )
 
     assert result.exit_code == 0, result.output
     assert json.loads(api.requests[0].content) == {
@@ -621,9 +643,19 @@ def test_create_queue_and_start_at_reach_the_request(api: FakeApi) -> None:
     api.on("POST", "/v1/projects/default/clusters", ok(cluster_json(), 201))
 
     result = run(
-        "clusters", "create", "train", "--type", "slurm", "--gpus", "8", "--queue",
-        "--start-at", "2030-01-01T00:00:00Z", "-o", "json",
-    )  # fmt: skip
+        "clusters",
+        "create",
+        "train",
+        "--type",
+        "slurm",
+        "--gpus",
+        "8",
+        "--queue",
+        "--start-at",
+        "2030-01-01T00:00:00Z",
+        "-o",
+        "json",
+    )
 
     assert result.exit_code == 0, result.output
     body = json.loads(api.requests[0].content)
@@ -736,10 +768,20 @@ def test_capacity_create_sends_windows_and_lists(api: FakeApi) -> None:
     api.on("DELETE", "/v1/capacity/pool-a", httpx.Response(204))
 
     created = run(
-        "capacity", "create", "pool-a", "--project", "research", "--kind", "pool",
-        "--gpus", "16", "--window", "2030-01-01T00:00Z/2030-01-02T00:00Z",
-        "--window", "2030-01-05/2030-01-06",
-    )  # fmt: skip
+        "capacity",
+        "create",
+        "pool-a",
+        "--project",
+        "research",
+        "--kind",
+        "pool",
+        "--gpus",
+        "16",
+        "--window",
+        "2030-01-01T00:00Z/2030-01-02T00:00Z",
+        "--window",
+        "2030-01-05/2030-01-06",
+    )
     assert created.exit_code == 0, created.output
     body = json.loads(api.requests[0].content)
     assert body["kind"] == "pool" and body["num_gpus"] == 16
@@ -753,3 +795,118 @@ def test_capacity_create_sends_windows_and_lists(api: FakeApi) -> None:
     assert deleted.exit_code == 0 and "deleted" in deleted.stdout
     bad = run("capacity", "create", "x", "--project", "p", "--gpus", "8", "--window", "2030-01-01")
     assert bad.exit_code == 2 and "START/END" in bad.output
+
+
+# --- health and repair -----------------------------------------------------------------------
+
+
+def alert_json() -> dict[str, Any]:
+    return {
+        "id": "a1",
+        "cluster": "train",
+        "node": "train-0",
+        "kind": "gpu_missing",
+        "severity": "critical",
+        "gpu": 3,
+        "code": 79,
+        "subject": None,
+        "message": "GPU 3: Xid 79 (fallen off the bus) (fatal)",
+        "started_at": T0,
+        "last_seen_at": T0,
+        "resolved_at": None,
+    }
+
+
+def repair_json(state: str = "pending_approval") -> dict[str, Any]:
+    return {
+        "id": "r1",
+        "cluster": "train",
+        "node": "train-0",
+        "action": "migrate",
+        "state": state,
+        "step": None,
+        "trigger": "automated",
+        "reason": "GPU 3: Xid 79",
+        "message": "",
+        "requested_by": "gpuclusters",
+        "reviewed_by": "admin" if state != "pending_approval" else None,
+        "idempotency_key": "auto:n:x:migrate",
+        "alert_ids": ["a1"],
+        "health_run_ids": [],
+        "created_at": T0,
+        "updated_at": T0,
+    }
+
+
+def test_alerts_and_repairs_review(api: FakeApi) -> None:
+    api.on("GET", "/v1/projects/default/alerts", ok([alert_json()]))
+    api.on("GET", "/v1/projects/default/repairs", ok([repair_json()]))
+    api.on("POST", "/v1/projects/default/repairs/r1/approve", ok(repair_json("pending")))
+
+    alerts = run("alerts", "list")
+    assert alerts.exit_code == 0, alerts.output
+    assert "critical" in alerts.stdout and "gpu_missing" in alerts.stdout
+    assert json.loads(run("alerts", "list", "-o", "json").stdout) == [alert_json()]
+    listed = run("repairs", "list", "--cluster", "train")
+    assert "pending_approval" in listed.stdout and "migrate" in listed.stdout
+    assert dict(api.requests[-1].url.params) == {"cluster": "train"}
+    approved = run("repairs", "approve", "r1", "-o", "json")
+    assert approved.exit_code == 0 and json.loads(approved.stdout)["state"] == "pending"
+
+
+def test_health_run_waits_for_results(api: FakeApi) -> None:
+    queued = {
+        "id": "h1",
+        "cluster": "train",
+        "node": "train-0",
+        "check": "gpu-burn",
+        "state": "pending",
+        "duration_s": 5.0,
+        "created_at": T0,
+    }
+    api.on("POST", "/v1/projects/default/clusters/train/health-checks", ok([queued], 201))
+    api.on(
+        "GET",
+        "/v1/projects/default/health-checks/h1",
+        ok(queued | {"state": "running"}),
+        ok(queued | {"state": "skipped", "reason": "no GPU"}),
+    )
+    result = run("health", "run", "train", "--check", "gpu-burn", "--duration", "5", "-o", "json")
+    assert result.exit_code == 0, result.output
+    (h,) = json.loads(result.stdout)
+    assert (h["state"], h["reason"]) == ("skipped", "no GPU")
+    assert json.loads(api.requests[0].content) == {
+        "check": "gpu-burn",
+        "node": None,
+        "duration_s": 5.0,
+    }
+
+
+def test_inject_fault_auto_repair_and_repair_policy(api: FakeApi) -> None:
+    node = node_json("train-0") | {"gpu_backend": "simulated"}
+    api.on("POST", "/v1/projects/default/nodes/train-0/faults", ok(node))
+    api.on("PATCH", "/v1/projects/default/nodes/train-0", ok(node | {"auto_repair": False}))
+    api.on("GET", "/v1/projects/default/clusters/train", ok(cluster_json("ready")))
+    api.on("PATCH", "/v1/projects/default/clusters/train", ok(cluster_json("ready")))
+
+    r = run("nodes", "inject-fault", "train-0", "--kind", "xid", "--code", "79", "--gpu", "3")
+    assert r.exit_code == 0, r.output
+    assert json.loads(api.requests[0].content) == {"kind": "xid", "code": 79, "gpu": 3}
+    r = run("nodes", "inject-fault", "train-0", "--kind", "clear")
+    assert r.exit_code == 0 and api.requests[1].content in (b"", b"null")
+    r = run("nodes", "auto-repair", "train-0", "off")
+    assert r.exit_code == 0 and json.loads(api.requests[2].content) == {"auto_repair": False}
+    assert run("nodes", "auto-repair", "train-0", "maybe").exit_code == 2
+    r = run(
+        "clusters",
+        "configure",
+        "train",
+        "--repair-automatic",
+        "ecc_dbe, xid",
+        "--repair-max-wait",
+        "0",
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(api.requests[-1].content) == {
+        "repair": {"automatic": ["ecc_dbe", "xid"], "max_wait_s": 0}
+    }
