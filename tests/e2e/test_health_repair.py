@@ -108,7 +108,8 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
         assert r["state"] not in ("failed", "cancelled"), r
         return r if r["state"] == "succeeded" else None
 
-    server.wait_for("the migration to finish", repaired, timeout=240, interval=1)
+    done = server.wait_for("the migration to finish", repaired, timeout=240, interval=1)
+    assert len(done["health_run_ids"]) == 2  # the acceptance tests it passed on rejoining
     node = js(server, "nodes", "get", victim["name"])
     assert node["phase"] == "running" and node["host"] not in (old_host, other["host"])
     hosts = {h["name"]: h for h in js(server, "hosts", "list")}

@@ -32,7 +32,15 @@ from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
 from gpuclusters.server.db.allocation import host_slots
-from gpuclusters.server.db.models import Alert, Cluster, Host, Node, Remediation, utcnow
+from gpuclusters.server.db.models import (
+    Alert,
+    Cluster,
+    HealthRun,
+    Host,
+    Node,
+    Remediation,
+    utcnow,
+)
 from gpuclusters.server.db.records import close_usage, set_node_phase
 from gpuclusters.server.runtime import Runtime
 
@@ -289,6 +297,14 @@ class RepairReconciler(SteppedReconciler):
                 if alert is not None and alert.resolved_at is None:
                     alert.resolved_at = now
             r = await session.get_one(Remediation, row_id)
+            # The acceptance tests the node passed when it rejoined.
+            if r.started_at is not None:
+                runs = await session.scalars(
+                    select(HealthRun.id).where(
+                        HealthRun.node_id == node.id, HealthRun.created_at >= r.started_at
+                    )
+                )
+                r.health_run_ids = json.dumps(sorted(runs))
             r.state, r.step, r.finished_at, r.updated_at = "succeeded", "", now, now
             r.message = f"{r.action} done; the node runs again"
             await session.commit()
