@@ -24,76 +24,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import tomllib
-from pathlib import Path
 from typing import Any
 
-import httpx
+from _server import BenchServer, wait
 
 P = "/v1/projects/default"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait(what: str, check: Any, timeout: float = 300, poll: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(poll)
 
 
 def fmt(xs: list[float]) -> str:
     return f"{min(xs):7.2f} / {statistics.median(xs):7.2f}"
 
 
-class Bench:
+class Bench(BenchServer):
     def __init__(self) -> None:
-        self.home = Path(tempfile.mkdtemp(prefix="gpc-health-bench-"))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
-        env["GPUCLUSTERS_HOME"] = str(self.home)
-        port = free_port()
-        exe = Path(sys.executable).parent / "gpuclusters"
-        self.proc = subprocess.Popen(
-            [str(exe), "server", "--provider", "netns", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(self.home / "server.log").open("wb"),
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{url}/healthz").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait("the server", healthy, timeout=60)
-        key = tomllib.loads((self.home / "config.toml").read_text())["api_key"]
-        self.api = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60
-        )
-
-    def get(self, path: str) -> Any:
-        r = self.api.get(path)
-        r.raise_for_status()
-        return r.json()
+        super().__init__("gpc-health-bench-")
 
     def setup(self) -> list[str]:
         r = self.api.post(
@@ -148,23 +95,6 @@ class Bench:
             self.api.post(f"/v1/hosts/{old_host}/uncordon").raise_for_status()
         return marks
 
-    def close(self) -> None:
-        try:
-            self.api.delete(f"{P}/clusters/hb", params={"delete_volume": True})
-            wait(
-                "the delete",
-                lambda: self.api.get(f"{P}/clusters/hb").status_code == 404,
-                timeout=300,
-                poll=0.5,
-            )
-        finally:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            shutil.rmtree(self.home, ignore_errors=True)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -189,7 +119,7 @@ def main() -> None:
                     f"recommended {marks['recommended']:.2f}s, repaired {marks['repaired']:.2f}s"
                 )
     finally:
-        bench.close()
+        bench.close(f"{P}/clusters/hb")
     print(f"\n{'seconds (min / median)':<24} {'alert':>17} {'recommended':>17} {'repaired':>17}")
     for kind, rounds in results.items():
         if rounds:

@@ -30,22 +30,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import tomllib
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import httpx
+from _server import BenchServer, wait
 
 P = "/v1/projects/default"
+FLEET = (
+    "hosts:\n"
+    "  - {name: h100-a-01, gpu_type: H100_SXM, region: local-1, ib_island: ib-a}\n"
+    "  - {name: h100-a-02, gpu_type: H100_SXM, region: local-1, ib_island: ib-a}\n"
+)
 JOB = """#!/bin/bash
 #SBATCH --constraint=preemptible
 #SBATCH --gres=gpu:8
@@ -58,74 +56,17 @@ while true; do sleep 1 & wait $!; done
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def fmt(xs: list[float]) -> str:
     return f"{min(xs):7.2f} / {statistics.median(xs):7.2f}"
 
 
-def wait(what: str, check: Any, timeout: float = 300, poll: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(poll)
-
-
-class Bench:
+class Bench(BenchServer):
     def __init__(self, exit_s: float) -> None:
+        super().__init__("gpc-preempt-bench-", fleet=FLEET)
         self.exit_s = exit_s
-        self.home = Path(tempfile.mkdtemp(prefix="gpc-preempt-bench-"))
-        self.port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
-        env["GPUCLUSTERS_HOME"] = str(self.home)
-        fleet = self.home / "fleet.yaml"
-        fleet.write_text(
-            "hosts:\n"
-            "  - {name: h100-a-01, gpu_type: H100_SXM, region: local-1, ib_island: ib-a}\n"
-            "  - {name: h100-a-02, gpu_type: H100_SXM, region: local-1, ib_island: ib-a}\n"
-        )
-        env["GPUCLUSTERS_FLEET_FILE"] = str(fleet)
-        self.exe = Path(sys.executable).parent / "gpuclusters"
-        self.env = env
-        self.proc = subprocess.Popen(
-            [str(self.exe), "server", "--provider", "netns", "--port", str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(self.home / "server.log").open("wb"),
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{self.port}"
-
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{url}/healthz").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait("the server", healthy, timeout=60)
-        key = tomllib.loads((self.home / "config.toml").read_text())["api_key"]
-        self.api = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60
-        )
 
     def ssh(self, *cmd: str) -> str:
-        out = subprocess.run(
-            [str(self.exe), "clusters", "ssh", "pb", "--", *cmd],
-            env={**self.env, "GPUCLUSTERS_HOME": str(self.home)},
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
-        return out.stdout
+        return self.cli("clusters", "ssh", "pb", "--", *cmd)
 
     def cluster(self) -> dict[str, Any]:
         r = self.api.get(f"{P}/clusters/pb")
@@ -191,18 +132,6 @@ class Bench:
             "replacement": replaced - t1,
         }
 
-    def close(self) -> None:
-        try:
-            self.api.delete(f"{P}/clusters/pb", params={"delete_volume": True})
-            wait("the delete", lambda: self.api.get(f"{P}/clusters/pb").status_code == 404)
-        finally:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-            shutil.rmtree(self.home, ignore_errors=True)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -219,7 +148,7 @@ def main() -> None:
             rounds.append(bench.round())
             print(f"round {i + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in rounds[-1].items()))
     finally:
-        bench.close()
+        bench.close(f"{P}/clusters/pb")
     print(f"\n{'seconds':<14} {'min / median':>17}   (job checkpoint time {args.exit_s:g} s)")
     for key in rounds[0]:
         print(f"{key:<14} {fmt([r[key] for r in rounds]):>17}")

@@ -15,20 +15,14 @@ import httpx
 import pytest
 
 from conftest import ApiHarness
+from support.fleets import four_hosts
 
 P = "/v1/projects/default"
 
 
 @pytest.fixture
 def settings_overrides(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        "hosts:\n"
-        + "".join(
-            f"  - {{name: h{i}, gpu_type: H100_SXM, region: local-1, ib_island: ib-{i // 2}}}\n"
-            for i in range(4)
-        )
-    )
+    fleet = four_hosts(tmp_path / "fleet.yaml")
     yield {"fleet_file": fleet, "gpu_hour_rates": {"H100_SXM": {"on_demand": 2.0}}}
 
 

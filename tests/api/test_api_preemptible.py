@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import ApiHarness
+from support.fleets import four_hosts
 
 P = "/v1/projects/default"
 
@@ -19,14 +20,7 @@ P = "/v1/projects/default"
 @pytest.fixture
 def settings_overrides(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Four H100 hosts in two islands, like the embedded fleet."""
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        "hosts:\n"
-        + "".join(
-            f"  - {{name: h{i}, gpu_type: H100_SXM, region: local-1, ib_island: ib-{i // 2}}}\n"
-            for i in range(4)
-        )
-    )
+    fleet = four_hosts(tmp_path / "fleet.yaml")
     yield {
         "fleet_file": fleet,
         "preemption_grace_s": 30.0,

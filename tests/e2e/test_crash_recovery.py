@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from support.fleets import four_hosts
+
 if TYPE_CHECKING:  # fixtures' types; the classes live in this directory's conftest
     from conftest import ServerHandle, Servers
 
@@ -279,14 +281,7 @@ def test_kill9_during_a_reclaim_converges(server_factory: Servers) -> None:
     restart the preemption finishes, the new node takes the host, the pool
     keeps what fits, and no host or node is doubled."""
     server = server_factory(boot_delay_s=1.0, start=False)
-    fleet = server.home.parent / "fleet4.yaml"
-    fleet.write_text(
-        "hosts:\n"
-        + "".join(
-            f"  - {{name: h{i}, gpu_type: H100_SXM, region: local-1, ib_island: ib-{i // 2}}}\n"
-            for i in range(4)
-        )
-    )
+    fleet = four_hosts(server.home.parent / "fleet4.yaml")
     server.env["GPUCLUSTERS_FLEET_FILE"] = str(fleet)
     server.start()
     with server.client() as api:
