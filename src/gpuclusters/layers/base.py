@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuclusters.core.nodeshell import CommandResult
+
 
 class LayerError(Exception):
     """A transient layer failure; retry later."""
@@ -99,6 +101,15 @@ class ClusterLayer(ABC):
     async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:  # noqa: B027
         """Let work land on the node again after *our* cordon (a repair that
         finished or was cancelled); a cordon or drain a user set stays."""
+
+    async def run_exclusive(
+        self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
+    ) -> CommandResult | None:
+        """Run ``argv`` on the node as the orchestrator's own exclusive work
+        (so it waits for users' work to leave and nothing lands beside it),
+        e.g. an active health check. None where the layer cannot; the
+        caller then runs it through the node's shell."""
+        return None
 
     # -- preemption (optional; defaults fit layers without workloads) ---------
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
+from gpuclusters.core.nodeshell import CommandResult
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.layers.kubernetes.layer import KubernetesLayer
 from gpuclusters.layers.slurm.layer import SlurmLayer
@@ -65,6 +66,13 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         await asyncio.gather(
             self.slurm.uncordon(cluster, node), self.kubernetes.uncordon(cluster, node)
         )
+
+    async def run_exclusive(
+        self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
+    ) -> CommandResult | None:
+        # Slurm queues it behind users' batch work; Kubernetes pods on the
+        # node are not waited for (a site mixing both keeps them apart).
+        return await self.slurm.run_exclusive(cluster, node, argv, timeout_s=timeout_s)
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         counts = await asyncio.gather(

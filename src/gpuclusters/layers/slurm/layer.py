@@ -23,7 +23,7 @@ import secrets
 from datetime import datetime
 
 from gpuclusters.core.errors import InvalidStateError
-from gpuclusters.core.nodeshell import NodeAccess, NodeShell
+from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
 from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.layers.slurm import config as cfg
@@ -162,6 +162,13 @@ class SlurmLayer(ClusterLayer):
     async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
         controller = await self._service(cluster, CONTROLLER)
         await stack.uncordon(controller, node.name)
+
+    async def run_exclusive(
+        self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
+    ) -> CommandResult | None:
+        controller = await self._service(cluster, CONTROLLER)
+        shell = await self.access.shell(node.node_id)
+        return await stack.run_as_job(controller, shell, node.name, argv, timeout_s=timeout_s)
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         controller = await self._service(cluster, CONTROLLER)

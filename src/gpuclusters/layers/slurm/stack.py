@@ -27,8 +27,11 @@ step later); Slurm refusing a node delete because jobs still run is a
 from __future__ import annotations
 
 import logging
+import math
+import shlex
 from collections.abc import Iterable, Sequence
 
+from gpuclusters.core.enums import GPUS_PER_NODE
 from gpuclusters.core.nodeshell import CommandResult, NodeShell
 from gpuclusters.layers.base import LayerError
 from gpuclusters.layers.slurm import config as cfg
@@ -275,6 +278,59 @@ async def accounted_jobs(shell: NodeShell, job_ids: Iterable[int] = ()) -> list[
     if ids:
         argv += ["-j", ids]
     return parse_sacct_json((await shell.run(argv, timeout_s=30.0)).stdout)
+
+
+async def run_as_job(
+    controller: NodeShell,
+    node: NodeShell,
+    node_name: str,
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    queue_wait_s: float = 3600.0,
+    job_name: str = "gpuclusters-check",
+) -> CommandResult:
+    """Run ``argv`` on ``node_name`` as an exclusive Slurm batch job with all
+    its GPUs (as root, from the controller) and wait for it: it starts once
+    users' jobs have left the node and nothing lands beside it. The job's
+    output (written on the node) is the result's stdout. ``timeout_s`` is
+    the job's time limit; a job that cannot start within ``queue_wait_s``
+    (the node stayed busy) ends by its deadline, non-zero and without
+    output."""
+    wrap = " ".join(shlex.quote(a) for a in argv)
+    out_file = "/tmp/gpuclusters-job-%j.out"
+    limit_min = max(1, math.ceil(timeout_s / 60))
+    # Slurm refuses a job whose time limit ends past its deadline, so the
+    # deadline leaves room for the whole limit after the longest wait.
+    deadline_s = int(limit_min * 60 + queue_wait_s)
+    r = await controller.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--wait",
+            "--exclusive",
+            f"--nodelist={node_name}",
+            "--nodes=1",
+            f"--gres=gpu:{GPUS_PER_NODE}",
+            f"--job-name={job_name}",
+            f"--output={out_file}",
+            f"--time={limit_min}",
+            f"--deadline=now+{deadline_s}seconds",
+            "--wrap",
+            wrap,
+        ],
+        check=False,
+        timeout_s=deadline_s + 60.0,
+    )
+    job_id = r.stdout.strip().splitlines()[0].split(";")[0] if r.stdout.strip() else ""
+    output = b""
+    if job_id.isdigit():
+        path = out_file.replace("%j", job_id)
+        output = await node.read_file(path) or b""
+        await node.run(["rm", "-f", path], check=False)
+    return CommandResult(
+        returncode=r.returncode, stdout=output.decode(errors="replace"), stderr=r.stderr
+    )
 
 
 # --- cordon, drain, remove --------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
@@ -30,23 +31,48 @@ GPU_CHECKS = frozenset({"gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl
 
 
 async def run_check_on_node(
-    rt: Runtime, node_id: str, check: str, *, duration_s: float, gpu_type: str
+    rt: Runtime,
+    node_id: str,
+    check: str,
+    *,
+    duration_s: float,
+    gpu_type: str,
+    layer: ClusterLayer | None = None,
+    cref: ClusterRef | None = None,
+    nref: NodeRef | None = None,
 ) -> dict[str, Any]:
-    """Run one active check in the node; its JSON result (or a failure)."""
+    """Run one active check on the node; its JSON result (or a failure).
+    Where the orchestrator can (Slurm), the check is its exclusive job and
+    waits for users' work to leave; otherwise it runs through the shell."""
     access = rt.node_access
     if access is None:
         return {"state": "skipped", "reason": "no shell on this provider's nodes"}
     thresholds = rt.settings.health_thresholds.get(gpu_type, {})
-    shell = await access.shell(node_id)
-    result = await shell.run(
-        [
-            sys.executable, "-m", "gpuclusters.agent.checks", check,
-            "--duration", str(duration_s), "--gpu-type", gpu_type,
-            "--thresholds", json.dumps(thresholds),
-        ],
-        check=False,
-        timeout_s=duration_s + RUN_TIMEOUT_MARGIN_S,
-    )  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuclusters.agent.checks",
+        check,
+        "--duration",
+        str(duration_s),
+        "--gpu-type",
+        gpu_type,
+        "--thresholds",
+        json.dumps(thresholds),
+    ]
+    timeout = duration_s + RUN_TIMEOUT_MARGIN_S
+    result = None
+    if layer is not None and cref is not None and nref is not None:
+        result = await layer.run_exclusive(cref, nref, argv, timeout_s=timeout)
+        if result is not None and result.returncode != 0 and not result.stdout.strip():
+            return {
+                "state": "skipped",
+                "reason": "the node stayed busy: the check's job did not run in time",
+                "output": result.stderr[-2000:],
+            }
+    if result is None:
+        shell = await access.shell(node_id)
+        result = await shell.run(argv, check=False, timeout_s=timeout)
     try:
         outcome = json.loads(result.stdout.strip().splitlines()[-1])
         assert isinstance(outcome, dict)
@@ -106,9 +132,11 @@ class HealthRunReconciler(Reconciler):
             )
             return True
         layer = self.rt.layer_for(cluster.cluster_type)
-        if run.check in GPU_CHECKS:
+        nref = node_ref(node, host)
+        if run.check in GPU_CHECKS and cluster.cluster_type != "slurm":
+            # No batch queue to wait in: a busy node is skipped, not disturbed.
             try:
-                busy = await layer.running_work(cref, node_ref(node, host))
+                busy = await layer.running_work(cref, nref)
             except Exception:
                 busy = 0
             if busy:
@@ -119,7 +147,14 @@ class HealthRunReconciler(Reconciler):
                 )
                 return True
         outcome = await run_check_on_node(
-            self.rt, node.id, run.check, duration_s=run.duration_s, gpu_type=cluster.gpu_type
+            self.rt,
+            node.id,
+            run.check,
+            duration_s=run.duration_s,
+            gpu_type=cluster.gpu_type,
+            layer=layer,
+            cref=cref,
+            nref=nref,
         )
         await self._finish(row_id, token, outcome)
         return True

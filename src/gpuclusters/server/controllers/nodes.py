@@ -201,6 +201,8 @@ class NodeReconciler(SteppedReconciler):
                 session.add(run)
                 await session.commit()
                 run_id = run.id
+            # Through the node's shell, not as a Slurm job: a joining node
+            # holds no users' work yet (or is still drained by its repair).
             outcome = await run_check_on_node(
                 self.rt, node.id, check, duration_s=duration, gpu_type=cluster.gpu_type
             )
