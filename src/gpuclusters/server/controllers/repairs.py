@@ -28,6 +28,7 @@ from gpuclusters.core.capacity.placement import place_nodes
 from gpuclusters.core.enums import HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.core.health.rules import RepairAction
+from gpuclusters.layers.base import ClusterRef, NodeRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
@@ -226,10 +227,9 @@ class RepairReconciler(SteppedReconciler):
         rem: Remediation,
         node: Node,
         host: Host | None,
-        cref: object,
-        nref: object,
+        cref: ClusterRef,
+        nref: NodeRef,
     ) -> bool:
-        cluster_layer = None
         async with self.ctx.sessionmaker() as session:
             await leases.fence(
                 session, Remediation, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
@@ -253,7 +253,7 @@ class RepairReconciler(SteppedReconciler):
         # Off the old host: deregistered from the orchestrators, instance gone
         # (its /scratch with it). Both idempotent.
         if node.host_id == old_host_id:
-            await cluster_layer.remove_node(cref, nref)  # type: ignore[arg-type]
+            await cluster_layer.remove_node(cref, nref)
             await self.rt.provider.delete(node.id)
         async with self.ctx.sessionmaker() as session:
             await leases.fence(
