@@ -106,6 +106,22 @@ sleep 1; done; exit 1"]
 """
 
 
+HOLD = """\
+apiVersion: v1
+kind: Pod
+metadata: {{name: hold}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: main
+    image: localhost/gpuclusters-base:latest
+    command: ["sleep", "600"]
+    resources:
+      limits: {{nvidia.com/gpu: 8}}
+"""
+
+
 def ok(server: ServerHandle, *args: str, env: dict[str, str] | None = None) -> str:
     r = server.cli(*args, env=env, timeout=300)
     assert r.returncode == 0, f"gpuclusters {' '.join(args)}\n{r.stdout}\n{r.stderr}"
@@ -238,6 +254,43 @@ def test_kubernetes_cluster_end_to_end(server_factory: Servers, tmp_path: Path) 
     assert kubectl(bob, "auth", "can-i", "delete", "nodes", check=False).stdout.strip() == "no"
     who = kjson(bob, "auth", "whoami")["status"]["userInfo"]["username"]
     assert who == "bob"
+
+    # Active checks hold the node through a placeholder Job asking for all
+    # 8 GPUs: a pod holding GPUs on one node makes that node's check wait.
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=HOLD.format(node=names[0]))
+    server.wait_for(
+        "the GPU-holding pod to run",
+        lambda: kjson(kubeconfig, "get", "pod", "hold")["status"]["phase"] == "Running",
+        timeout=60,
+    )
+    r = server.cli("health", "run", "k1", "--check", "gpu-burn", "--duration", "5",
+                   "--no-wait", "--output", "json", timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    runs = {h["node"]: h for h in json.loads(r.stdout)}
+    server.wait_for(
+        "the free node's check",
+        lambda: json.loads(ok(server, "health", "show", runs[names[1]]["id"], "--output",
+                              "json"))["state"] == "skipped",
+        timeout=60,
+    )  # fmt: skip
+    busy = json.loads(ok(server, "health", "show", runs[names[0]]["id"], "--output", "json"))
+    assert busy["state"] in ("pending", "running")  # queued behind the GPU pod
+    kubectl(kubeconfig, "delete", "pod", "hold", "--grace-period=0", "--force")
+    server.wait_for(
+        "the busy node's check once its GPUs are free",
+        lambda: (h := json.loads(ok(server, "health", "show", runs[names[0]]["id"], "--output",
+                                    "json")))["state"] == "skipped" and h,
+        timeout=90,
+    )  # fmt: skip
+    for h in json.loads(ok(server, "health", "list", "--output", "json")):
+        assert (h["state"], h["reason"]) == ("skipped", "no GPU"), h
+    server.wait_for(
+        "the placeholder Jobs to go",
+        lambda: (
+            kjson(kubeconfig, "get", "jobs", "-l", "gpuclusters.io/exclusive-check")["items"] == []
+        ),
+        timeout=30,
+    )
 
     # Delete: namespaces, cgroups and processes go; the volume's data stays.
     state = json.loads((server.home / "netns-provider.json").read_text())["nodes"]

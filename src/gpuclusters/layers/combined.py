@@ -70,8 +70,8 @@ class SlurmAndKubernetesLayer(ClusterLayer):
     async def run_exclusive(
         self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
     ) -> CommandResult | None:
-        # Slurm queues it behind users' batch work; Kubernetes pods on the
-        # node are not waited for (a site mixing both keeps them apart).
+        # Slurm queues it behind users' batch work (Kubernetes pods on the
+        # node are not waited for: a site mixing both keeps them apart).
         return await self.slurm.run_exclusive(cluster, node, argv, timeout_s=timeout_s)
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:

@@ -25,11 +25,11 @@ from typing import Any
 
 from gpuclusters.core import kubeconfig
 from gpuclusters.core.errors import InvalidStateError
-from gpuclusters.core.nodeshell import NodeAccess, NodeShell
+from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
 from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, LayerError, NodeRef
 from gpuclusters.layers.kubernetes import config as cfg
-from gpuclusters.layers.kubernetes import images, pki, preemption, stack
+from gpuclusters.layers.kubernetes import exclusive, images, pki, preemption, stack
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,19 @@ class KubernetesLayer(ClusterLayer):
     async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
         cp = await self._control_plane(cluster)
         await stack.uncordon(cp, self._spec(cluster, cp), node.name)
+
+    async def run_exclusive(
+        self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
+    ) -> CommandResult | None:
+        cp = await self._control_plane(cluster)
+        shell = await self.access.shell(node.node_id)
+
+        async def run() -> CommandResult:
+            return await shell.run(argv, check=False, timeout_s=timeout_s)
+
+        return await exclusive.run_exclusive(
+            cp, self._spec(cluster, cp), node.name, run, timeout_s=timeout_s
+        )
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         cp = await self._control_plane(cluster)

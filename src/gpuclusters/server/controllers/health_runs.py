@@ -1,12 +1,13 @@
 """Health-run reconciler: runs queued active checks on their nodes.
 
-A run is executed on the node itself (``python -m gpuclusters.agent.checks``
-through the node's shell, the same interpreter and package the node agent
-uses), with the cluster's thresholds for the GPU type. GPU checks report
-``skipped: no GPU`` where PyTorch sees no GPU. Disruptive checks want an
-idle node: a node with running work is skipped with that reason unless the
-run was asked for anyway. Providers without shells (the fake one) skip
-with the reason.
+A run executes ``python -m gpuclusters.agent.checks`` on the node (the
+same interpreter and package the node agent uses) with the cluster's
+thresholds for the GPU type, as the orchestrator's exclusive work where it
+can (Slurm: an exclusive batch job; Kubernetes: while a placeholder Job
+holds all the node's GPUs), so it waits for users' work to leave and
+nothing lands beside it. GPU checks report ``skipped: no GPU`` where
+PyTorch sees no GPU. Providers without shells (the fake one) skip with the
+reason.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
 from gpuclusters.server.runtime import Runtime
 
 RUN_TIMEOUT_MARGIN_S = 300.0
-GPU_CHECKS = frozenset({"gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl"})
 
 
 async def run_check_on_node(
@@ -133,19 +133,6 @@ class HealthRunReconciler(Reconciler):
             return True
         layer = self.rt.layer_for(cluster.cluster_type)
         nref = node_ref(node, host)
-        if run.check in GPU_CHECKS and cluster.cluster_type != "slurm":
-            # No batch queue to wait in: a busy node is skipped, not disturbed.
-            try:
-                busy = await layer.running_work(cref, nref)
-            except Exception:
-                busy = 0
-            if busy:
-                await self._finish(
-                    row_id,
-                    token,
-                    {"state": "skipped", "reason": f"the node is busy ({busy} workload(s))"},
-                )
-                return True
         outcome = await run_check_on_node(
             self.rt,
             node.id,
