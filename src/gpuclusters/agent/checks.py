@@ -43,9 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.core.catalog import GPU_TYPES
+from gpuclusters.core.health.catalog import ACTIVE_CHECKS, GPU_CHECKS
 
-CHECKS = ("gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl", "storage", "ib-write")
-GPU_CHECKS = frozenset({"gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl"})
 DEFAULT_THRESHOLDS: dict[str, float] = {
     "burn_fraction": 0.7,  # of the GPU type's expected BF16 TFLOPS
     "burn_spread": 0.10,  # within 10% of the node's best GPU
@@ -335,8 +334,8 @@ def run(
     scratch: Path = Path("/scratch"),
 ) -> dict[str, Any]:
     t = {**DEFAULT_THRESHOLDS, **thresholds}
-    if check not in CHECKS:
-        return result(check, "failed", f"unknown check; known: {', '.join(CHECKS)}")
+    if check not in ACTIVE_CHECKS:
+        return result(check, "failed", f"unknown check; known: {', '.join(ACTIVE_CHECKS)}")
     try:
         if check in GPU_CHECKS:
             torch = _torch()
@@ -358,7 +357,7 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run one active health check; print JSON.")
-    parser.add_argument("check", choices=CHECKS)
+    parser.add_argument("check", choices=ACTIVE_CHECKS)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--gpu-type", default="")
     parser.add_argument("--thresholds", default="{}", help="JSON overrides")

@@ -27,6 +27,7 @@ from gpuclusters.core.enums import (
     ProjectRole,
     VolumeStatus,
 )
+from gpuclusters.core.health.catalog import ACTIVE_CHECKS, FAULT_KINDS
 
 API_VERSION = "v1"
 
@@ -572,9 +573,6 @@ class ClusterCredentials(_Out):
 
 # --- health and repair --------------------------------------------------------
 
-HEALTH_CHECKS = ("gpu-burn", "gpu-memory-bandwidth", "host-device", "nccl", "storage", "ib-write")
-FAULT_KINDS = ("xid", "ecc-dbe", "fell-off-bus", "thermal", "row-remap", "pcie-replay", "disk-ro")
-
 
 class HealthAlert(_Out):
     id: str
@@ -661,8 +659,8 @@ class HealthRunCreate(_Model):
     @field_validator("check")
     @classmethod
     def _check(cls, v: str) -> str:
-        if v not in HEALTH_CHECKS:
-            raise ValueError(f"must be one of {', '.join(HEALTH_CHECKS)}")
+        if v not in ACTIVE_CHECKS:
+            raise ValueError(f"must be one of {', '.join(ACTIVE_CHECKS)}")
         return v
 
 

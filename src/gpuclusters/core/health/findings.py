@@ -9,7 +9,7 @@ open alert per (node, kind, gpu) and resolves it when the finding stops.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -243,10 +243,3 @@ def alert_key(f: Finding | dict[str, Any]) -> tuple[str, int | None, str]:
         kind, gpu, details = f["kind"], f.get("gpu"), f.get("details") or {}
     sub = str(details.get("daemon") or details.get("port") or "")
     return (str(kind), gpu, sub)
-
-
-def worst(findings: Sequence[Finding]) -> str | None:
-    order = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
-    if not findings:
-        return None
-    return max((f.severity for f in findings), key=lambda s: order[Severity(s)])

@@ -13,12 +13,12 @@ both the rule's action and the last one taken.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from gpuclusters.core.health.findings import AlertKind, Severity
+from gpuclusters.core.health.findings import AlertKind
 
 
 class RepairAction(StrEnum):
@@ -140,8 +140,3 @@ def needs_approval(
     if last_repair_at is not None and now - last_repair_at < cooldown:
         return True, f"the node was repaired less than {cooldown} ago (cooldown)"
     return False, ""
-
-
-def is_unhealthy(severities: Mapping[str, str] | Iterable[str]) -> bool:
-    values = severities.values() if isinstance(severities, Mapping) else severities
-    return any(s == Severity.CRITICAL for s in values)

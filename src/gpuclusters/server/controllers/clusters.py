@@ -13,10 +13,11 @@ take several steps; every write is fenced by the lease token.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.preemption import preemptible_deficit
@@ -33,7 +34,12 @@ from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, work_probe
-from gpuclusters.server.db.allocation import allocate_nodes, placement_guard, spare_hosts
+from gpuclusters.server.db.allocation import (
+    allocate_nodes,
+    host_slots,
+    placement_guard,
+    spare_hosts,
+)
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
@@ -183,7 +189,8 @@ class ClusterReconciler(SteppedReconciler):
 
     async def _pool_candidates(self, session: AsyncSession) -> list[str]:
         """Clusters short of their preemptible target while spare hosts of
-        their GPU type exist."""
+        their GPU type exist. Runs at every poll: three queries, whatever
+        the number of clusters."""
         clusters = list(
             await session.scalars(
                 select(Cluster).where(
@@ -193,11 +200,29 @@ class ClusterReconciler(SteppedReconciler):
                 )
             )
         )
-        out = []
-        for c in clusters:
-            if await self._pool_deficit(session, c) and await spare_hosts(session, cluster=c):
-                out.append(c.id)
-        return out
+        if not clusters:
+            return []
+        rows = await session.execute(
+            select(Node.cluster_id, func.count(Node.id))
+            .where(
+                Node.cluster_id.in_([c.id for c in clusters]),
+                Node.deleted_at.is_(None),
+                Node.to_delete.is_(False),
+                Node.compute_class == ComputeClass.PREEMPTIBLE.value,
+            )
+            .group_by(Node.cluster_id)
+        )
+        live = {cluster_id: int(n) for cluster_id, n in rows}
+        slots, _ = await host_slots(session)
+        spare = Counter((h.gpu_type, h.region) for h in slots if h.free)
+        return [
+            c.id
+            for c in clusters
+            if spare[(c.gpu_type, c.region)]
+            and preemptible_deficit(
+                target_gpus=c.num_preemptible_gpus, live_nodes=live.get(c.id, 0)
+            )
+        ]
 
     @staticmethod
     async def _pool_deficit(session: AsyncSession, cluster: Cluster) -> int:

@@ -307,8 +307,6 @@ async def request_repair(
 
 # --- fault injection ----------------------------------------------------------------------
 
-FAULT_KINDS = ("xid", "ecc-dbe", "fell-off-bus", "thermal", "row-remap", "pcie-replay", "disk-ro")
-
 
 def add_fault(faults: dict[str, Any], spec: api.FaultSpec) -> dict[str, Any]:
     """Merge one injected fault into the node's faults file contents."""
