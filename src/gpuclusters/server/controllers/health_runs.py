@@ -28,6 +28,7 @@ from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
 from gpuclusters.server.runtime import Runtime
 
 RUN_TIMEOUT_MARGIN_S = 300.0
+ACCEPTANCE = "acceptance"  # HealthRun.requested_by of acceptance tests
 
 
 async def run_check_on_node(
@@ -85,6 +86,15 @@ async def run_check_on_node(
     return outcome
 
 
+def record_outcome(run: HealthRun, outcome: dict[str, Any]) -> None:
+    """Store a check's result on its run (the caller commits)."""
+    run.state = str(outcome.get("state", "failed"))
+    run.reason = str(outcome.get("reason", ""))
+    run.metrics = json.dumps(outcome.get("metrics") or {})
+    run.output = str(outcome.get("output", ""))[-20000:]
+    run.finished_at = utcnow()
+
+
 class HealthRunReconciler(Reconciler):
     name = hints.HEALTH
     model = HealthRun
@@ -96,20 +106,19 @@ class HealthRunReconciler(Reconciler):
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         rows = await session.scalars(
             select(HealthRun.id)
-            .where(HealthRun.state.in_(("pending", "running")))
+            # Acceptance runs belong to the node reconciler that made them.
+            .where(
+                HealthRun.state.in_(("pending", "running")),
+                HealthRun.requested_by.is_distinct_from(ACCEPTANCE),
+            )
             .order_by(HealthRun.created_at)
         )
         return list(rows)
 
-    async def _finish(self, row_id: str, token: str, outcome: dict[str, object]) -> None:
+    async def _finish(self, row_id: str, token: str, outcome: dict[str, Any]) -> None:
         async with self.ctx.sessionmaker() as session:
             await leases.fence(session, HealthRun, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            run = await session.get_one(HealthRun, row_id)
-            run.state = str(outcome.get("state", "failed"))
-            run.reason = str(outcome.get("reason", ""))
-            run.metrics = json.dumps(outcome.get("metrics") or {})
-            run.output = str(outcome.get("output", ""))[-20000:]
-            run.finished_at = utcnow()
+            record_outcome(await session.get_one(HealthRun, row_id), outcome)
             await session.commit()
 
     async def reconcile(self, row_id: str, token: str) -> bool:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.enums import EventReason, NodePhase
@@ -35,7 +35,11 @@ from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef, Permanent
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
-from gpuclusters.server.controllers.health_runs import run_check_on_node
+from gpuclusters.server.controllers.health_runs import (
+    ACCEPTANCE,
+    record_outcome,
+    run_check_on_node,
+)
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref, node_spec
 from gpuclusters.server.db.allocation import PREEMPTED
 from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
@@ -184,6 +188,18 @@ class NodeReconciler(SteppedReconciler):
         checks = self.rt.settings.acceptance_checks
         if not checks:
             return ""
+        async with self.ctx.sessionmaker() as session:
+            # Runs a crash interrupted are run again below; close them.
+            await session.execute(
+                update(HealthRun)
+                .where(
+                    HealthRun.node_id == node.id,
+                    HealthRun.requested_by == ACCEPTANCE,
+                    HealthRun.state == "running",
+                )
+                .values(state="failed", reason="interrupted", finished_at=utcnow())
+            )
+            await session.commit()
         for check in checks:
             duration = self.rt.settings.acceptance_burn_s if check == "gpu-burn" else 60.0
             async with self.ctx.sessionmaker() as session:
@@ -195,7 +211,7 @@ class NodeReconciler(SteppedReconciler):
                     check=check,
                     duration_s=duration,
                     state="running",
-                    requested_by="acceptance",
+                    requested_by=ACCEPTANCE,
                     started_at=utcnow(),
                 )
                 session.add(run)
@@ -208,11 +224,7 @@ class NodeReconciler(SteppedReconciler):
             )
             async with self.ctx.sessionmaker() as session:
                 row = await session.get_one(HealthRun, run_id)
-                row.state = str(outcome.get("state", "failed"))
-                row.reason = str(outcome.get("reason", ""))
-                row.metrics = json.dumps(outcome.get("metrics") or {})
-                row.output = str(outcome.get("output", ""))[-20000:]
-                row.finished_at = utcnow()
+                record_outcome(row, outcome)
                 await session.commit()
             if row.state == "failed":
                 return f"acceptance test {check} failed: {row.reason}"
