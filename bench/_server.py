@@ -38,10 +38,13 @@ def free_port() -> int:
 
 
 class BenchServer:
-    def __init__(self, prefix: str, *, fleet: str | None = None) -> None:
+    def __init__(
+        self, prefix: str, *, fleet: str | None = None, settings: dict[str, str] | None = None
+    ) -> None:
         self.home = Path(tempfile.mkdtemp(prefix=prefix))
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
         env["GPUCLUSTERS_HOME"] = str(self.home)
+        env.update(settings or {})
         if fleet is not None:
             (self.home / "fleet.yaml").write_text(fleet)
             env["GPUCLUSTERS_FLEET_FILE"] = str(self.home / "fleet.yaml")

@@ -46,7 +46,9 @@ from gpuclusters.server.db.models import (
 )
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services.nodes import live_node
 from gpuclusters.server.services.tenancy import require_org_admin, resolve_project
+from gpuclusters.server.services.views import node_views
 
 FAULTS_FILE = "/run/gpuclusters/faults.json"
 
@@ -263,13 +265,7 @@ async def request_repair(
     existing = await session.scalar(select(Remediation).where(Remediation.idempotency_key == key))
     if existing is not None:
         return remediation_view(existing, names.get(existing.cluster_id, ""))
-    node = await session.scalar(
-        select(Node).where(
-            Node.project_id == project.id, Node.name == body.node, Node.deleted_at.is_(None)
-        )
-    )
-    if node is None:
-        raise NotFoundError(f"node {body.node!r} not found", field="node")
+    node = await live_node(session, project, body.node, field="node")
     if node.phase != NodePhase.RUNNING.value or node.to_delete:
         raise InvalidStateError(
             f"node {node.name} is {node.phase}; only running nodes are repaired"
@@ -345,13 +341,7 @@ async def inject_fault(
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.ADMIN
     )
-    node = await session.scalar(
-        select(Node).where(
-            Node.project_id == project.id, Node.name == node_name, Node.deleted_at.is_(None)
-        )
-    )
-    if node is None:
-        raise NotFoundError(f"node {node_name!r} not found", field="node")
+    node = await live_node(session, project, node_name, field="node")
     access = rt.node_access
     if access is None:
         raise InvalidStateError("fault injection needs the embedded fleet (provider netns)")
@@ -372,8 +362,6 @@ async def inject_fault(
             current = {}
         current = add_fault(current, spec)
     await shell.write_file(FAULTS_FILE, json.dumps(current, indent=2).encode())
-    from gpuclusters.server.services.views import node_views
-
     cluster = await session.get_one(Cluster, node.cluster_id)
     return (await node_views(session, [node], clusters={cluster.id: cluster}))[0]
 

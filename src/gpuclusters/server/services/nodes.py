@@ -75,6 +75,20 @@ async def get_node(
     return (await node_views(session, [node], clusters=clusters))[0]
 
 
+async def live_node(
+    session: AsyncSession, project: Project, name: str, *, field: str = "name"
+) -> Node:
+    """The project's live node of that name, or ``not_found`` on ``field``."""
+    node = await session.scalar(
+        select(Node).where(
+            Node.project_id == project.id, Node.name == name, Node.deleted_at.is_(None)
+        )
+    )
+    if node is None:
+        raise NotFoundError(f"node {name!r} not found in project {project.name!r}", field=field)
+    return node
+
+
 async def update_node(
     session: AsyncSession,
     *,
@@ -87,13 +101,7 @@ async def update_node(
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.ADMIN
     )
-    node = await session.scalar(
-        select(Node).where(
-            Node.project_id == project.id, Node.name == name, Node.deleted_at.is_(None)
-        )
-    )
-    if node is None:
-        raise NotFoundError(f"node {name!r} not found in project {project.name!r}", field="name")
+    node = await live_node(session, project, name)
     node.auto_repair = body.auto_repair
     await session.commit()
     clusters = await _clusters(session, {node.cluster_id})
