@@ -41,11 +41,15 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         return all(done)
 
     async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
-        # Slurm first: it makes the members' accounts and the /home bind that
-        # users expect on a node that reads as joined.
-        if not await self.slurm.join_node(cluster, node):
-            return False
-        return await self.kubernetes.join_node(cluster, node)
+        # Slurm's node-local part first: /home on the shared volume, then the
+        # members' accounts, whose homes must land there (the Kubernetes join
+        # makes accounts too, and finds them made). Then both joins at once:
+        # each waits for its own control plane, which start side by side.
+        await self.slurm.prepare_node(cluster, node)
+        joined = await asyncio.gather(
+            self.slurm.join_node(cluster, node), self.kubernetes.join_node(cluster, node)
+        )
+        return all(joined)
 
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
         await asyncio.gather(

@@ -493,6 +493,8 @@ def storage_manifests(*, shared_volume: bool, shared_capacity_gib: int) -> list[
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": SHARED_STORAGE_CLASS,
                 "hostPath": {"path": "/mnt/shared", "type": "Directory"},
+                # Pre-bound from both sides: no other claim can take it.
+                "claimRef": {"namespace": "default", "name": SHARED_PVC},
             },
         },
         {

@@ -15,16 +15,18 @@ ends the attempt: the node stayed busy.
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuclusters.core.enums import GPUS_PER_NODE
-from gpuclusters.core.nodeshell import CommandResult, NodeShell
-from gpuclusters.layers.kubernetes import config as cfg
-from gpuclusters.layers.kubernetes import stack
+from gpuclusters.core.nodeshell import CommandResult
+from gpuclusters.layers.base import LayerError
+from gpuclusters.layers.kubernetes.api import KubeAPI
 from gpuclusters.layers.kubernetes.images import BASE_IMAGE
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "default"
 LABEL = "gpuclusters.io/exclusive-check"
@@ -60,8 +62,7 @@ def placeholder_job(name: str, node: str, *, hold_s: int) -> dict[str, Any]:
 
 
 async def run_exclusive(
-    cp: NodeShell,
-    spec: cfg.K8sSpec,
+    api: KubeAPI,
     node_name: str,
     run: Callable[[], Awaitable[CommandResult]],
     *,
@@ -71,15 +72,14 @@ async def run_exclusive(
 ) -> CommandResult:
     name = f"gpc-check-{secrets.token_hex(4)}"
     job = placeholder_job(name, node_name, hold_s=int(timeout_s + queue_wait_s))
-    await stack.apply(cp, spec, [job])
+    await api.apply([job])
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + queue_wait_s
         while True:
-            out = await stack.kubectl(
-                cp, spec, "-n", NAMESPACE, "get", "pods", "-l", f"job-name={name}", "-o", "json"
+            pods = await api.list_items(
+                f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"job-name={name}"
             )
-            pods = json.loads(out).get("items", [])
             if any(p.get("status", {}).get("phase") == "Running" for p in pods):
                 break
             if loop.time() > deadline:
@@ -89,16 +89,10 @@ async def run_exclusive(
             await asyncio.sleep(poll_s)
         return await run()
     finally:
-        await stack.kubectl(
-            cp,
-            spec,
-            "-n",
-            NAMESPACE,
-            "delete",
-            "job",
-            name,
-            "--wait=false",
-            "--cascade=background",
-            "--ignore-not-found",
-            check=False,
-        )
+        try:
+            await api.delete(
+                f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/{name}",
+                {"propagationPolicy": "Background"},
+            )
+        except LayerError as exc:  # its activeDeadlineSeconds ends it anyway
+            log.warning("placeholder job %s not deleted: %s", name, exc)

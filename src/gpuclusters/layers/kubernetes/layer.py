@@ -30,6 +30,7 @@ from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, LayerError, NodeRef
 from gpuclusters.layers.kubernetes import config as cfg
 from gpuclusters.layers.kubernetes import exclusive, images, pki, preemption, stack
+from gpuclusters.layers.kubernetes.api import KubeAPI
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,17 @@ CONTROL_PLANE = "control-plane"
 NODE_FILE = "/etc/gpuclusters/node.json"
 GPUS_PER_NODE = 8
 USER_CERT_DAYS = 365
+# How long a node's join waits for the apiserver before handing its step
+# back (it is asked again); the node-local part is done by then.
+API_WAIT_S = 20.0
+API_POLL_S = 0.1
 
 
 class KubernetesLayer(ClusterLayer):
     def __init__(self, access: NodeAccess, *, bin_dir: Path = cfg.DEFAULT_BIN_DIR) -> None:
         self.access = access
         self.bin_dir = bin_dir
+        self._apis: dict[str, KubeAPI] = {}
 
     # -- shells and shared pieces ---------------------------------------------
 
@@ -124,24 +130,84 @@ class KubernetesLayer(ClusterLayer):
             except Exception as exc:  # the peer is going away; its join re-adds routes
                 log.info("route to %s on %s not set: %s", node.name, peer.hostname, exc)
 
+    # -- the API client ------------------------------------------------------
+
+    async def _api(self, cluster: ClusterRef, cp: NodeShell) -> KubeAPI | None:
+        """The cluster's admin API client (cached; remade when the control
+        plane's address or CA changed), or None before the control-plane
+        step issued the admin certificate."""
+        spec = self._spec(cluster, cp)
+        ca = await cp.read_file(stack.CA_CERT)
+        cached = self._apis.get(cluster.cluster_id)
+        if cached is not None:
+            if ca is not None and cached.ca_pem == ca and cached.server == spec.server:
+                return cached
+            del self._apis[cluster.cluster_id]
+            await cached.close()
+        if ca is None:
+            return None
+        api = await stack.admin_api(cp, spec)
+        if api is not None:
+            self._apis[cluster.cluster_id] = api
+        return api
+
+    async def _required_api(self, cluster: ClusterRef, cp: NodeShell) -> KubeAPI:
+        api = await self._api(cluster, cp)
+        if api is None:
+            raise LayerError(
+                f"cluster {cluster.name}: its Kubernetes control plane has no admin certificate yet"
+            )
+        return api
+
+    async def _wait_api(
+        self, cluster: ClusterRef, cp: NodeShell, *, timeout_s: float
+    ) -> KubeAPI | None:
+        """The API once ``/readyz`` answers, or None after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        api: KubeAPI | None = None
+        while True:
+            if api is None:
+                api = await self._api(cluster, cp)
+            if api is not None and await api.ready():
+                return api
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(API_POLL_S)
+
     # -- contract -------------------------------------------------------------
 
     async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
         self._check_binaries()
+        loop = asyncio.get_running_loop()
+        marks = [("start", loop.time())]
         cp = await self._control_plane(cluster)
         spec = self._spec(cluster, cp)
-        await stack.start_control_plane(cp, spec)
+        changed = await stack.start_control_plane(cp, spec)
+        marks.append(("pki+etcd+apiserver", loop.time()))
+        api = await self._required_api(cluster, cp)
+        await stack.wait_ready(api)
+        marks.append(("readyz", loop.time()))
         capacity_gib = 1024  # nominal: a hostPath PV does not enforce it
-        await stack.apply(
-            cp,
-            spec,
+        # Storage objects before the controller-manager: its PV binder then
+        # finds claim and volume in its first list and binds at once.
+        await api.apply(
             cfg.storage_manifests(
                 shared_volume=cluster.volume_id is not None, shared_capacity_gib=capacity_gib
-            ),
+            )
         )
+        await stack.start_controllers(cp, spec, changed=changed)
+        marks.append(("controllers", loop.time()))
         if cluster.volume_id is not None:
-            await stack.wait_bound(cp, spec, cfg.SHARED_PVC)
+            await stack.wait_bound(api, cfg.SHARED_PVC)
+            marks.append(("bound", loop.time()))
         await stack.reconcile_rbac(cp, spec, [(u.name, u.admin) for u in cluster.users])
+        marks.append(("rbac", loop.time()))
+        log.info(
+            "Kubernetes control plane of %s up: %s",
+            cluster.name,
+            ", ".join(f"{m} +{t - marks[0][1]:.2f}s" for m, t in marks[1:]),
+        )
         return True
 
     async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
@@ -149,72 +215,86 @@ class KubernetesLayer(ClusterLayer):
         cp = await self._control_plane(cluster)
         spec = self._spec(cluster, cp)
         ca = await stack.read_ca(cp)
-        if ca is None or not await stack.apiserver_ready(cp, spec):
-            return False  # the control plane is still coming up; asked again later
+        if ca is None:
+            return False  # the control-plane step has not made the CA yet; asked again later
         shell = await self.access.shell(node.node_id)
         await ensure_accounts(shell, cluster.users)  # `clusters ssh` lands as the user
         knode = await self._knode(cluster, node, shell)
         await self._route_pods(cp, cluster, node, shell)
-        await stack.join_node(
-            cp, shell, spec, knode, ca=ca, images=self._images(), gpus=GPUS_PER_NODE
-        )
+        # What needs only the CA is done while the apiserver still starts.
+        await stack.prepare_node(shell, spec, knode, ca=ca, images=self._images())
+        api = await self._wait_api(cluster, cp, timeout_s=API_WAIT_S)
+        if api is None:
+            return False  # the control plane is still coming up; asked again later
+        await stack.start_node(api, shell, spec, knode, gpus=GPUS_PER_NODE)
         nvme_gib = int((await self._node_info(shell)).get("nvme_gib", 0))
         if nvme_gib:
-            await stack.apply(cp, spec, [cfg.local_pv_manifest(node.name, nvme_gib)])
+            await api.apply([cfg.local_pv_manifest(node.name, nvme_gib)])
         return True
 
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
         cp = await self._control_plane(cluster)
-        await stack.cordon(cp, self._spec(cluster, cp), node.name, reason=reason)
+        api = await self._api(cluster, cp)
+        if api is not None:
+            await stack.cordon(api, node.name, reason=reason)
 
     async def drain(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
         cp = await self._control_plane(cluster)
-        return await stack.drain(cp, self._spec(cluster, cp), node.name, reason=reason)
+        api = await self._api(cluster, cp)
+        if api is None:
+            return True  # no Kubernetes yet: nothing runs there
+        return await stack.drain(cp, self._spec(cluster, cp), api, node.name, reason=reason)
 
     async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
         cp = await self._control_plane(cluster)
-        await stack.uncordon(cp, self._spec(cluster, cp), node.name)
+        api = await self._api(cluster, cp)
+        if api is not None:
+            await stack.uncordon(api, node.name)
 
     async def run_exclusive(
         self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
     ) -> CommandResult | None:
         cp = await self._control_plane(cluster)
+        api = await self._required_api(cluster, cp)
         shell = await self.access.shell(node.node_id)
 
         async def run() -> CommandResult:
             return await shell.run(argv, check=False, timeout_s=timeout_s)
 
-        return await exclusive.run_exclusive(
-            cp, self._spec(cluster, cp), node.name, run, timeout_s=timeout_s
-        )
+        return await exclusive.run_exclusive(api, node.name, run, timeout_s=timeout_s)
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         cp = await self._control_plane(cluster)
-        return await preemption.running_work(cp, self._spec(cluster, cp), node.name)
+        api = await self._api(cluster, cp)
+        return 0 if api is None else await preemption.running_work(api, node.name)
 
     async def preempt(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> None:
         cp = await self._control_plane(cluster)
-        spec = self._spec(cluster, cp)
-        await preemption.preempt(cp, spec, node.name, reason=reason, deadline=deadline)
+        api = await self._api(cluster, cp)
+        if api is not None:
+            spec = self._spec(cluster, cp)
+            await preemption.preempt(cp, spec, api, node.name, reason=reason, deadline=deadline)
 
     async def preemption_done(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
         cp = await self._control_plane(cluster)
-        spec = self._spec(cluster, cp)
-        return await preemption.preemption_done(cp, spec, node.name, deadline=deadline)
+        api = await self._api(cluster, cp)
+        if api is None:
+            return True
+        return await preemption.preemption_done(api, node.name, deadline=deadline)
 
     async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
         cp = await self._control_plane(cluster)
-        return await stack.is_cordoned_by_user(cp, self._spec(cluster, cp), node.name)
+        api = await self._api(cluster, cp)
+        return api is not None and await stack.is_cordoned_by_user(api, node.name)
 
     async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
         cp = await self._control_plane(cluster)
-        spec = self._spec(cluster, cp)
         shell: NodeShell | None
         try:
             shell = await self.access.shell(node.node_id)
@@ -227,9 +307,14 @@ class KubernetesLayer(ClusterLayer):
             await asyncio.gather(
                 *(stack.remove_routes(p, [cidr]) for p in [cp, *peers]), return_exceptions=True
             )
-        await stack.delete_node_object(cp, spec, node.name)
+        api = await self._api(cluster, cp)
+        if api is not None:
+            await stack.delete_node_object(api, node.name)
 
     async def delete(self, cluster: ClusterRef) -> None:
+        api = self._apis.pop(cluster.cluster_id, None)
+        if api is not None:
+            await api.close()
         await self.access.delete_service_nodes(cluster_id=cluster.cluster_id)
 
     async def apply_config(self, cluster: ClusterRef) -> None:
@@ -244,7 +329,8 @@ class KubernetesLayer(ClusterLayer):
         cp = await self._control_plane(cluster)
         spec = self._spec(cluster, cp)
         ca = await stack.read_ca(cp)
-        if ca is None or not await stack.apiserver_ready(cp, spec):
+        api = await self._api(cluster, cp)
+        if ca is None or api is None or not await api.ready():
             raise InvalidStateError(f"cluster {cluster.name}: Kubernetes is not up yet")
         await stack.reconcile_rbac(cp, spec, [(user, admin)])
         pair = pki.issue(

@@ -22,7 +22,6 @@ duplicated) and a repeated eviction only shortens a grace period.
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.layers.kubernetes import config as cfg
 from gpuclusters.layers.kubernetes import stack
+from gpuclusters.layers.kubernetes.api import KubeAPI
 
 TAINT_KEY = "gpuclusters.io/preempted"
 DEFAULT_GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
@@ -81,42 +81,36 @@ def notified_event(
     }
 
 
-async def _pods_on(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> list[dict[str, Any]]:
-    out = await stack.kubectl(
-        cp, spec, "get", "pods", "-A", f"--field-selector=spec.nodeName={name}", "-o", "json"
-    )
-    return stack.workload_pods(json.loads(out))
+async def running_work(api: KubeAPI, name: str) -> int:
+    return len(stack.workload_pods(await api.pods_on(name)))
 
 
-async def running_work(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> int:
-    return len(await _pods_on(cp, spec, name))
-
-
-async def _evict(cp: NodeShell, spec: cfg.K8sSpec, pod: dict[str, Any], grace_s: int) -> None:
+async def _evict(api: KubeAPI, pod: dict[str, Any], grace_s: int) -> None:
     meta = pod["metadata"]
-    await stack.kubectl(
-        cp,
-        spec,
-        "create",
-        "--raw",
+    # Refused by a PodDisruptionBudget (429), or gone (404): the next step retries.
+    await api.create(
         f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction",
-        "-f",
-        "-",
-        stdin=json.dumps(eviction(pod, grace_s=grace_s)).encode(),
-        check=False,  # refused by a PodDisruptionBudget, or gone: next step
+        eviction(pod, grace_s=grace_s),
     )
 
 
 async def preempt(
-    cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str, deadline: datetime
+    cp: NodeShell,
+    spec: cfg.K8sSpec,
+    api: KubeAPI,
+    name: str,
+    *,
+    reason: str,
+    deadline: datetime,
 ) -> None:
     """T+0: cordon, taint, Warning event, evict with capped grace."""
-    if not await stack.cordon(cp, spec, name, reason=reason):
+    if not await stack.cordon(api, name, reason=reason):
         return  # Kubernetes does not know the node: nothing runs there
+    # kubectl taint merges into the node's taint list (a merge patch would replace it).
     await stack.kubectl(
         cp, spec, "taint", "nodes", name, f"{TAINT_KEY}=true:NoSchedule", "--overwrite"
     )
-    node = await stack.get_node(cp, spec, name)
+    node = await api.get_node(name)
     now = datetime.now(UTC)
     if node is not None:
         message = (
@@ -124,30 +118,27 @@ async def preempt(
             f"when they have exited, at {deadline.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} "
             "at the latest"
         )
-        event = notified_event(node, message=message, now=now, deadline=deadline)
-        await stack.apply(cp, spec, [event])
+        await api.apply([notified_event(node, message=message, now=now, deadline=deadline)])
     left = (deadline - now).total_seconds()
-    for pod in await _pods_on(cp, spec, name):
-        await _evict(cp, spec, pod, capped_grace(pod, seconds_left=left))
+    for pod in stack.workload_pods(await api.pods_on(name)):
+        await _evict(api, pod, capped_grace(pod, seconds_left=left))
 
 
-async def preemption_done(
-    cp: NodeShell, spec: cfg.K8sSpec, name: str, *, deadline: datetime
-) -> bool:
-    if await stack.get_node(cp, spec, name) is None:
+async def preemption_done(api: KubeAPI, name: str, *, deadline: datetime) -> bool:
+    if await api.get_node(name) is None:
         return True
-    pods = await _pods_on(cp, spec, name)
+    pods = stack.workload_pods(await api.pods_on(name))
     if not pods:
         return True
     left = (deadline - datetime.now(UTC)).total_seconds()
     for pod in pods:
         if left > 0:
             if pod["metadata"].get("deletionTimestamp") is None:
-                await _evict(cp, spec, pod, capped_grace(pod, seconds_left=left))
+                await _evict(api, pod, capped_grace(pod, seconds_left=left))
         else:
             meta = pod["metadata"]
-            await stack.kubectl(
-                cp, spec, "delete", "pod", "-n", meta["namespace"], meta["name"],
-                "--grace-period=0", "--force", "--wait=false", check=False,
-            )  # fmt: skip
+            await api.delete(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {"gracePeriodSeconds": 0},
+            )
     return left <= 0

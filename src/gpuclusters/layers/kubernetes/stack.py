@@ -21,7 +21,7 @@ plugin registers with the kubelet).
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import sys
 from collections.abc import Iterable, Sequence
@@ -34,6 +34,7 @@ from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.layers.base import LayerError
 from gpuclusters.layers.kubernetes import config as cfg
 from gpuclusters.layers.kubernetes import pki
+from gpuclusters.layers.kubernetes.api import KubeAPI
 from gpuclusters.layers.kubernetes.images import Image
 from gpuclusters.layers.waiting import ok, wait_for
 
@@ -155,18 +156,21 @@ async def kubectl(
     return result.stdout
 
 
-async def apiserver_ready(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
-    r = await cp.run(cfg.kubectl_argv(spec, "get", "--raw=/readyz"), check=False, timeout_s=10.0)
-    return r.returncode == 0 and r.stdout.strip() == "ok"
+async def _ensure_service_account_key(cp: NodeShell) -> bool:
+    if await cp.read_file(cfg.pki_path("sa.key")) is not None:
+        return False
+    private, public = pki.new_service_account_key()
+    await cp.write_file(cfg.pki_path("sa.pub"), public)
+    await cp.write_file(cfg.pki_path("sa.key"), private, mode=0o600)
+    return True
 
 
-async def start_control_plane(
-    cp: NodeShell, spec: cfg.K8sSpec, *, timeout_s: float = 120.0
-) -> pki.KeyPair:
-    """PKI, etcd, kube-apiserver, controller-manager and scheduler on the
-    control-plane node; returns the CA once the apiserver answers /readyz."""
+async def start_control_plane(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
+    """PKI, etcd and kube-apiserver on the control-plane node (the caller
+    waits for ``/readyz``). True if a certificate or kubeconfig changed, so
+    ``start_controllers`` restarts the controllers that read them."""
     ca = await ensure_ca(cp, spec.cluster_name)
-    changed = await _ensure_pair(
+    server_pair = _ensure_pair(
         cp,
         ca,
         "apiserver",
@@ -182,7 +186,7 @@ async def start_control_plane(
         ip_addresses=[spec.api_address, cfg.api_service_ip(), "127.0.0.1"],
         server=True,
     )
-    changed |= await _ensure_pair(
+    kubelet_client_pair = _ensure_pair(
         cp,
         ca,
         "apiserver-kubelet-client",
@@ -190,40 +194,60 @@ async def start_control_plane(
         organizations=["system:masters"],
         client=True,
     )
-    if await cp.read_file(cfg.pki_path("sa.key")) is None:
-        private, public = pki.new_service_account_key()
-        await cp.write_file(cfg.pki_path("sa.pub"), public)
-        await cp.write_file(cfg.pki_path("sa.key"), private, mode=0o600)
+
+    async def client(name: str, cn: str, orgs: list[str]) -> bool:
+        issued = await _ensure_pair(cp, ca, name, cn, organizations=orgs, client=True)
+        return issued | await _kubeconfig(cp, spec, name, user=cn, pair=name)
+
     clients = {
         "admin": ("gpuclusters-admin", ["system:masters"]),
         "controller-manager": ("system:kube-controller-manager", []),
         "scheduler": ("system:kube-scheduler", []),
     }
-    for name, (cn, orgs) in clients.items():
-        issued = await _ensure_pair(cp, ca, name, cn, organizations=orgs, client=True)
-        changed |= issued | await _kubeconfig(cp, spec, name, user=cn, pair=name)
+    # Independent files: written concurrently (each write is a helper
+    # process; one after another they were most of this step).
+    changes = await asyncio.gather(
+        server_pair,
+        kubelet_client_pair,
+        *(client(name, cn, orgs) for name, (cn, orgs) in clients.items()),
+        _ensure_service_account_key(cp),
+    )
+    changed = any(changes[:-1])  # a new service-account key restarts nothing by itself
 
     await cp.run(["install", "-d", "-m", "0700", cfg.ETCD_DATA])
     await cp.spawn(cfg.ETCD, cfg.etcd_argv(spec))
     await _respawn(cp, cfg.APISERVER, cfg.apiserver_argv(spec), changed)
+    return changed
 
+
+async def wait_ready(api: KubeAPI, *, timeout_s: float = 120.0) -> None:
     async def ready() -> bool | None:
-        return True if await apiserver_ready(cp, spec) else None
+        return True if await api.ready() else None
 
-    await wait_for(ready, what="kube-apiserver /readyz", timeout_s=timeout_s, max_delay_s=0.2)
+    await wait_for(ready, what="kube-apiserver /readyz", timeout_s=timeout_s, max_delay_s=0.1)
+
+
+async def start_controllers(cp: NodeShell, spec: cfg.K8sSpec, *, changed: bool) -> None:
+    """controller-manager and scheduler, once the apiserver answers (and
+    after the cluster's storage objects exist: the PV binder then binds the
+    shared-volume claim in its first pass instead of its next resync)."""
     await _respawn(cp, cfg.CONTROLLER_MANAGER, cfg.controller_manager_argv(spec), changed)
     await _respawn(cp, cfg.SCHEDULER, cfg.scheduler_argv(spec), changed)
-    return ca
 
 
-async def apply(cp: NodeShell, spec: cfg.K8sSpec, objs: list[dict[str, Any]]) -> None:
-    if objs:
-        await kubectl(cp, spec, "apply", "-f", "-", stdin=cfg.as_list(objs).encode())
+async def admin_api(cp: NodeShell, spec: cfg.K8sSpec) -> KubeAPI | None:
+    """A client of the cluster's apiserver as its admin, or None while the
+    control-plane step has not issued the admin certificate yet."""
+    ca = await cp.read_file(CA_CERT)
+    cert = await cp.read_file(cfg.pki_path("admin.crt"))
+    key = await cp.read_file(cfg.pki_path("admin.key"))
+    if ca is None or cert is None or key is None:
+        return None
+    return KubeAPI(spec.server, ca_pem=ca, cert_pem=cert, key_pem=key)
 
 
 async def wait_bound(
-    cp: NodeShell,
-    spec: cfg.K8sSpec,
+    api: KubeAPI,
     pvc: str,
     *,
     namespace: str = "default",
@@ -232,15 +256,14 @@ async def wait_bound(
     """Wait for the PV binder (in kube-controller-manager) to bind ``pvc``;
     it does so asynchronously after the claim is created, and a cluster is
     only ready once its shared-volume claim can be mounted."""
+    path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{pvc}"
 
     async def bound() -> bool | None:
-        phase = await kubectl(
-            cp, spec, "-n", namespace, "get", "pvc", pvc, "-o", "jsonpath={.status.phase}",
-            check=False,
-        )  # fmt: skip
-        return True if phase.strip() == "Bound" else None
+        obj = await api.get(path)
+        phase = (obj or {}).get("status", {}).get("phase")
+        return True if phase == "Bound" else None
 
-    await wait_for(bound, what=f"PVC {pvc} Bound", timeout_s=timeout_s, max_delay_s=0.5)
+    await wait_for(bound, what=f"PVC {pvc} Bound", timeout_s=timeout_s, max_delay_s=0.1)
 
 
 async def reconcile_rbac(
@@ -299,18 +322,6 @@ async def start_containerd(node: NodeShell, spec: cfg.K8sSpec, *, timeout_s: flo
     )
 
 
-async def get_node(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> dict[str, Any] | None:
-    r = await cp.run(
-        cfg.kubectl_argv(spec, "get", "node", name, "-o", "json"), check=False, timeout_s=20.0
-    )
-    if r.returncode != 0:
-        if "NotFound" in r.stderr or "not found" in r.stderr:
-            return None
-        raise LayerError(f"kubectl get node {name}: {r.stderr.strip()[-300:]}")
-    data: dict[str, Any] = json.loads(r.stdout)
-    return data
-
-
 def node_is_ready(obj: dict[str, Any], *, gpus: int) -> bool:
     conditions = obj.get("status", {}).get("conditions", [])
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -318,69 +329,109 @@ def node_is_ready(obj: dict[str, Any], *, gpus: int) -> bool:
     return ready and int(allocatable.get(cfg.GPU_RESOURCE, "0")) >= gpus
 
 
-async def join_node(
-    cp: NodeShell,
+async def _stop_if_changed(shell: NodeShell, name: str, changed: bool) -> None:
+    if changed and await shell.is_running(name):
+        log.info("%s: restarting %s (its configuration changed)", shell.hostname, name)
+        await shell.stop(name, timeout_s=30.0)
+
+
+async def prepare_node(
     node: NodeShell,
     spec: cfg.K8sSpec,
     knode: cfg.K8sNode,
     *,
     ca: pki.KeyPair,
     images: Sequence[Image],
+) -> None:
+    """Everything on a GPU node that needs only the cluster's CA: kernel
+    settings, certificates and kubeconfigs, containerd with the images, the
+    registry, CNI and the kubelet's and kube-proxy's configuration. Runs
+    while the apiserver still starts. A kubelet or kube-proxy whose files
+    changed is stopped here and started again by ``start_node``."""
+
+    async def kubelet_files() -> bool:
+        client, server = await asyncio.gather(
+            _ensure_pair(
+                node,
+                ca,
+                "kubelet-client",
+                f"system:node:{knode.name}",
+                organizations=["system:nodes"],
+                client=True,
+            ),
+            _ensure_pair(
+                node,
+                ca,
+                "kubelet",
+                knode.name,
+                dns_names=[knode.name],
+                ip_addresses=[knode.address],
+                server=True,
+            ),
+        )
+        config = await _kubeconfig(
+            node, spec, "kubelet", user=f"system:node:{knode.name}", pair="kubelet-client"
+        )
+        return client | server | config
+
+    async def proxy_files() -> bool:
+        issued = await _ensure_pair(node, ca, "kube-proxy", "system:kube-proxy", client=True)
+        return issued | await _kubeconfig(
+            node, spec, "kube-proxy", user="system:kube-proxy", pair="kube-proxy"
+        )
+
+    # Independent steps, each a few helper processes: run concurrently.
+    _, _, kubelet_changed, proxy_changed, _ = await asyncio.gather(
+        prepare_kernel(node),
+        node.write_file(CA_CERT, ca.cert),
+        kubelet_files(),
+        proxy_files(),
+        start_containerd(node, spec),
+    )
+
+    async def images_and_registry() -> None:
+        await ensure_images(node, images)
+        await node.spawn(cfg.REGISTRY, cfg.registry_argv(sys.executable))
+
+    _, _, kubelet_config, proxy_config = await asyncio.gather(
+        images_and_registry(),
+        _write_text(node, cfg.CNI_CONF, cfg.cni_conflist(knode)),
+        _write_text(node, f"{cfg.ETC}/kubelet-config.yaml", cfg.kubelet_config(spec, knode)),
+        _write_text(node, f"{cfg.ETC}/kube-proxy-config.yaml", cfg.kube_proxy_config(spec, knode)),
+    )
+    kubelet_changed |= kubelet_config
+    proxy_changed |= proxy_config
+    await _stop_if_changed(node, cfg.KUBELET, kubelet_changed)
+    await _stop_if_changed(node, cfg.KUBE_PROXY, proxy_changed)
+
+
+async def start_node(
+    api: KubeAPI,
+    node: NodeShell,
+    spec: cfg.K8sSpec,
+    knode: cfg.K8sNode,
+    *,
     gpus: int,
     timeout_s: float = 90.0,
 ) -> dict[str, Any]:
-    """containerd, kubelet and kube-proxy on a GPU node; returns the Node
-    object once it is Ready with its GPUs allocatable."""
-    await prepare_kernel(node)
-    await node.write_file(CA_CERT, ca.cert)
-    kubelet_changed = await _ensure_pair(
-        node,
-        ca,
-        "kubelet-client",
-        f"system:node:{knode.name}",
-        organizations=["system:nodes"],
-        client=True,
-    )
-    kubelet_changed |= await _ensure_pair(
-        node,
-        ca,
-        "kubelet",
-        knode.name,
-        dns_names=[knode.name],
-        ip_addresses=[knode.address],
-        server=True,
-    )
-    proxy_changed = await _ensure_pair(node, ca, "kube-proxy", "system:kube-proxy", client=True)
-    kubelet_changed |= await _kubeconfig(
-        node, spec, "kubelet", user=f"system:node:{knode.name}", pair="kubelet-client"
-    )
-    proxy_changed |= await _kubeconfig(
-        node, spec, "kube-proxy", user="system:kube-proxy", pair="kube-proxy"
-    )
-    await start_containerd(node, spec)
-    await ensure_images(node, images)
-    await node.spawn(cfg.REGISTRY, cfg.registry_argv(sys.executable))
-    await _write_text(node, cfg.CNI_CONF, cfg.cni_conflist(knode))
-    kubelet_changed |= await _write_text(
-        node, f"{cfg.ETC}/kubelet-config.yaml", cfg.kubelet_config(spec, knode)
-    )
-    await _respawn(node, cfg.KUBELET, cfg.kubelet_argv(spec, knode), kubelet_changed)
-    proxy_changed |= await _write_text(
-        node, f"{cfg.ETC}/kube-proxy-config.yaml", cfg.kube_proxy_config(spec, knode)
-    )
-    await _respawn(node, cfg.KUBE_PROXY, cfg.kube_proxy_argv(spec), proxy_changed)
+    """kubelet and kube-proxy on a prepared node, once the apiserver
+    answers (the kubelet backs off up to 7 s between registration attempts,
+    so it starts only when one will succeed); returns the Node object once
+    it is Ready with its GPUs allocatable."""
+    await node.spawn(cfg.KUBELET, cfg.kubelet_argv(spec, knode))
+    await node.spawn(cfg.KUBE_PROXY, cfg.kube_proxy_argv(spec))
 
     async def ready() -> dict[str, Any] | None:
-        obj = await get_node(cp, spec, knode.name)
+        obj = await api.get_node(knode.name)
         return obj if obj is not None and node_is_ready(obj, gpus=gpus) else None
 
     obj = await wait_for(
-        ready, what=f"node {knode.name} Ready", timeout_s=timeout_s, max_delay_s=0.25
+        ready, what=f"node {knode.name} Ready", timeout_s=timeout_s, max_delay_s=0.1
     )
     if not obj.get("spec", {}).get("podCIDR"):
         # For tools that read it; set once (the field is immutable after).
-        patch = json.dumps({"spec": {"podCIDR": knode.pod_cidr, "podCIDRs": [knode.pod_cidr]}})
-        await kubectl(cp, spec, "patch", "node", knode.name, "-p", patch, check=False)
+        patch = {"spec": {"podCIDR": knode.pod_cidr, "podCIDRs": [knode.pod_cidr]}}
+        await api.merge_patch(f"/api/v1/nodes/{knode.name}", patch)
     return obj
 
 
@@ -400,26 +451,27 @@ async def remove_routes(shell: NodeShell, cidrs: Iterable[str]) -> None:
 # --- cordon, drain, remove --------------------------------------------------------------------
 
 
-async def cordon(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> bool:
+async def cordon(api: KubeAPI, name: str, *, reason: str) -> bool:
     """Mark the node unschedulable (ours: annotated with the reason). A node
     a user cordoned keeps their cordon. False if Kubernetes does not know it."""
-    obj = await get_node(cp, spec, name)
+    obj = await api.get_node(name)
     if obj is None:
         return False
     if obj.get("spec", {}).get("unschedulable"):
         return True
     reason_text = f"gpuclusters: {reason}".strip()
-    await kubectl(
-        cp, spec, "annotate", "--overwrite", "node", name, f"{cfg.CORDON_ANNOTATION}={reason_text}"
-    )
-    await kubectl(cp, spec, "cordon", name)
+    patch = {
+        "metadata": {"annotations": {cfg.CORDON_ANNOTATION: reason_text}},
+        "spec": {"unschedulable": True},
+    }
+    await api.merge_patch(f"/api/v1/nodes/{name}", patch)
     return True
 
 
-def workload_pods(pods: dict[str, Any]) -> list[dict[str, Any]]:
+def workload_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pods that still hold the node: not DaemonSet-owned, not finished."""
     left = []
-    for pod in pods.get("items", []):
+    for pod in pods:
         owners = pod.get("metadata", {}).get("ownerReferences", [])
         if any(o.get("kind") == "DaemonSet" for o in owners):
             continue
@@ -429,11 +481,12 @@ def workload_pods(pods: dict[str, Any]) -> list[dict[str, Any]]:
     return left
 
 
-async def drain(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> bool:
+async def drain(cp: NodeShell, spec: cfg.K8sSpec, api: KubeAPI, name: str, *, reason: str) -> bool:
     """Cordon, evict what runs there (graceful, through the eviction API so
-    PodDisruptionBudgets count), and answer whether the node is empty.
-    Never blocks for long: the caller asks again until True or its deadline."""
-    if not await cordon(cp, spec, name, reason=reason):
+    PodDisruptionBudgets count: kubectl drain's own logic), and answer
+    whether the node is empty. Never blocks for long: the caller asks again
+    until True or its deadline."""
+    if not await cordon(api, name, reason=reason):
         return True
     await kubectl(
         cp,
@@ -446,26 +499,26 @@ async def drain(cp: NodeShell, spec: cfg.K8sSpec, name: str, *, reason: str) -> 
         "--timeout=3s",
         check=False,
     )
-    out = await kubectl(
-        cp, spec, "get", "pods", "-A", f"--field-selector=spec.nodeName={name}", "-o", "json"
-    )
-    return not workload_pods(json.loads(out))
+    return not workload_pods(await api.pods_on(name))
 
 
-async def uncordon(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> bool:
+async def uncordon(api: KubeAPI, name: str) -> bool:
     """Undo *our* cordon (annotated); a user's stays. True if uncordoned."""
-    obj = await get_node(cp, spec, name)
+    obj = await api.get_node(name)
     if obj is None or not obj.get("spec", {}).get("unschedulable"):
         return False
     if cfg.CORDON_ANNOTATION not in obj.get("metadata", {}).get("annotations", {}):
         return False
-    await kubectl(cp, spec, "uncordon", name)
-    await kubectl(cp, spec, "annotate", "node", name, f"{cfg.CORDON_ANNOTATION}-")
+    patch = {
+        "metadata": {"annotations": {cfg.CORDON_ANNOTATION: None}},
+        "spec": {"unschedulable": None},
+    }
+    await api.merge_patch(f"/api/v1/nodes/{name}", patch)
     return True
 
 
-async def is_cordoned_by_user(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> bool:
-    obj = await get_node(cp, spec, name)
+async def is_cordoned_by_user(api: KubeAPI, name: str) -> bool:
+    obj = await api.get_node(name)
     if obj is None or not obj.get("spec", {}).get("unschedulable"):
         return False
     annotations = obj.get("metadata", {}).get("annotations", {})
@@ -479,8 +532,6 @@ async def stop_node(node: NodeShell) -> None:
         await node.stop(name, timeout_s=30.0)
 
 
-async def delete_node_object(cp: NodeShell, spec: cfg.K8sSpec, name: str) -> None:
-    await kubectl(cp, spec, "delete", "node", name, "--ignore-not-found", "--wait=false")
-    await kubectl(
-        cp, spec, "delete", "pv", cfg.local_pv_name(name), "--ignore-not-found", "--wait=false"
-    )
+async def delete_node_object(api: KubeAPI, name: str) -> None:
+    await api.delete(f"/api/v1/nodes/{name}")
+    await api.delete(f"/api/v1/persistentvolumes/{cfg.local_pv_name(name)}")

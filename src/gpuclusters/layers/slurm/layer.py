@@ -34,6 +34,9 @@ CONTROLLER = "controller"
 LOGIN = "login"
 MUNGE_KEY_BYTES = 32
 CLUSTER_MUNGE_KEY = "/etc/gpuclusters/slurm/munge.key"
+# How long a joining node waits for slurmctld before handing its step back.
+CONTROLLER_WAIT_S = 20.0
+CONTROLLER_POLL_S = 0.1
 
 
 class SlurmLayer(ClusterLayer):
@@ -85,6 +88,24 @@ class SlurmLayer(ClusterLayer):
                 await shell.run(["mount", "--bind", "/mnt/shared/home", "/home"])
         await ensure_accounts(shell, cluster.users)
 
+    async def _wait_controller(self, controller: NodeShell, *, timeout_s: float) -> bool:
+        """Whether slurmctld answers within ``timeout_s``: a joining node
+        waits for it here instead of handing its step back and waiting for
+        the next reconcile pass."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not await stack.ping(controller):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(CONTROLLER_POLL_S)
+        return True
+
+    async def prepare_node(self, cluster: ClusterRef, node: NodeRef) -> None:
+        """/home on the shared volume and the members' accounts on a GPU node
+        (the first part of ``join_node``), for a layer that runs beside this
+        one and makes accounts too: homes must land on the shared volume."""
+        await self._prepare(await self.access.shell(node.node_id), cluster)
+
     # -- contract -------------------------------------------------------------
 
     async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
@@ -123,7 +144,7 @@ class SlurmLayer(ClusterLayer):
         # so slurmd can register the moment slurmctld answers.
         await self._prepare(shell, cluster)
         await stack.ensure_munge(shell, spec, munge_key=key)
-        if not await stack.ping(controller):
+        if not await self._wait_controller(controller, timeout_s=CONTROLLER_WAIT_S):
             return False  # the control plane is still coming up; asked again later
         await stack.join_compute(
             controller, shell, spec, munge_key=key, features=[node.compute_class]
