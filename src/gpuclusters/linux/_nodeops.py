@@ -1,26 +1,38 @@
 """File and daemon operations inside a node: the helper behind NamespaceShell.
 
-Run on the host as ``python -I -S _nodeops.py`` with a ``marshal``-encoded
-request on stdin: ``{"netns", "mnt", "uts", "op", "args"}``. It joins the
-node's network, UTS and mount namespaces itself (setns through ctypes; a
-single-threaded process may switch mount namespace, the multi-threaded
-server may not) and then works with paths *inside* the node, so it does not
-depend on anything being installed in the node. Standard library builtins
-and ctypes only, everything imported before the switch; marshal rather than
-JSON because start-up time is this helper's whole cost.
+It joins the node's network, UTS and mount namespaces itself (setns through
+ctypes; a single-threaded process may switch mount namespace, the
+multi-threaded server may not) and then works with paths *inside* the node,
+so it does not depend on anything being installed in the node. Standard
+library builtins and ctypes only, everything imported before the switch;
+marshal rather than JSON because start-up time is this helper's cost.
 
-Ops (the result is on stdout, errors one line on stderr, exit 1):
+Two modes:
+
+* one-shot: ``python -I -S _nodeops.py`` with one ``marshal``-encoded
+  request on stdin, ``{"netns", "mnt", "uts", "op", "args"}``; the result on
+  stdout, errors one line on stderr, the op's exit status;
+* serving: ``python -I -S _nodeops.py --serve``: frames on stdin and stdout
+  (4-byte big-endian length + marshal). The first request names the
+  namespaces (answered ``{"rc": 0}`` once inside), then each ``{"op",
+  "args"}`` is answered ``{"rc", "out", "err"}``; EOF ends it. The server
+  keeps a few of these per node (``shell.py``), so an op costs a round trip
+  instead of a Python start (~20 ms, and a fork of the server).
+
+Ops (``out`` is the result; ``rc`` 1 with a one-line ``err`` on failure):
 
 ``read``    the file's bytes; exit 2 if it does not exist
 ``write``   ``args["data"]`` written atomically (temp file + rename),
             parents created; prints ``changed`` or ``unchanged`` (same
             bytes, mode and owner: then nothing is written)
-``spawn``   starts a daemon like ``setsid -f``: fork, setsid, exec, output
-            appended to /var/log/gpuclusters/<name>.log, pidfile
+``spawn``   starts a daemon like ``setsid -f``: fork, fork again (the middle
+            process exits at once, so the daemon belongs to init, never to a
+            helper that lives on), setsid, exec; output appended to
+            /var/log/gpuclusters/<name>.log, pidfile
             /run/gpuclusters-daemons/<name>.pid ("<pid> <starttime>") written
-            by the child before exec; the helper waits until the exec
-            happened (a close-on-exec pipe) so a bad argv is reported, then
-            exits, leaving the daemon to init. Prints ``started``/``running``.
+            by the daemon before exec; the helper waits until the exec
+            happened (a close-on-exec pipe) so a bad argv is reported.
+            Prints ``started``/``running``.
 ``status``  exit 0 and the pid if the daemon runs, else exit 3
 ``stop``    SIGTERM to the daemon's process group, SIGKILL after the timeout
 
@@ -126,14 +138,13 @@ def unlink_quietly(path: str) -> None:
         pass
 
 
-def op_read(args: dict[str, Any]) -> int:
+def op_read(args: dict[str, Any]) -> tuple[int, bytes]:
     try:
         with open(args["path"], "rb") as f:
             data = f.read()
     except (FileNotFoundError, NotADirectoryError):
-        return EXIT_MISSING
-    sys.stdout.buffer.write(data)
-    return 0
+        return EXIT_MISSING, b""
+    return 0, data
 
 
 def unchanged(path: str, data: bytes, mode: int, owner: tuple[int, int] | None) -> bool:
@@ -149,7 +160,7 @@ def unchanged(path: str, data: bytes, mode: int, owner: tuple[int, int] | None) 
         return False
 
 
-def op_write(args: dict[str, Any]) -> int:
+def op_write(args: dict[str, Any]) -> tuple[int, bytes]:
     path, data, mode, user = args["path"], args["data"], int(args["mode"]), args["owner"]
     owner = None
     if user is not None:
@@ -159,8 +170,7 @@ def op_write(args: dict[str, Any]) -> int:
             raise OpError(f"no user {user!r} in the node") from None
         owner = (pw.pw_uid, pw.pw_gid)
     if unchanged(path, data, mode, owner):
-        print("unchanged")
-        return 0
+        return 0, b"unchanged\n"
     parent = os.path.dirname(path) or "/"
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.gpc-{os.getpid()}")
@@ -177,13 +187,17 @@ def op_write(args: dict[str, Any]) -> int:
     except BaseException:
         unlink_quietly(tmp)
         raise
-    print("changed")
-    return 0
+    return 0, b"changed\n"
 
 
 def daemon_child(name: str, argv: list[str], env: dict[str, str], report: int) -> None:
-    """In the forked child: become the daemon. Never returns."""
+    """In the forked child: fork the daemon and exit, so the daemon is
+    reparented to init at once. Never returns."""
     try:
+        if os.fork() != 0:
+            os._exit(0)
+        # The daemon leads its own session and process group: ``stop``
+        # signals the group.
         os.setsid()
         os.umask(0o022)
         log = os.open(f"{LOG_DIR}/{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -210,39 +224,36 @@ def daemon_child(name: str, argv: list[str], env: dict[str, str], report: int) -
     os._exit(127)
 
 
-def op_spawn(args: dict[str, Any]) -> int:
+def op_spawn(args: dict[str, Any]) -> tuple[int, bytes]:
     name, argv, env = args["name"], list(args["argv"]), dict(args["env"])
     pid = running(name)
     if pid is not None:
-        print(f"running {pid}")
-        return 0
+        return 0, f"running {pid}\n".encode()
     os.makedirs(LOG_DIR, exist_ok=True)
     os.makedirs(DAEMON_DIR, exist_ok=True)
     r, w = os.pipe()  # both close-on-exec (PEP 446)
-    pid = os.fork()
-    if pid == 0:
+    middle = os.fork()
+    if middle == 0:
         os.close(r)
         daemon_child(name, argv, env, w)
     os.close(w)
+    os.waitpid(middle, 0)  # it exits right after forking the daemon
     chunks = []
-    while chunk := os.read(r, 4096):
+    while chunk := os.read(r, 4096):  # EOF: the daemon exec'd (or died)
         chunks.append(chunk)
+    os.close(r)
     if chunks:
-        os.waitpid(pid, 0)
         unlink_quietly(pidfile(name))
         raise OpError(b"".join(chunks).decode("utf-8", "replace"))
-    # The daemon runs on; this helper exits and the daemon is reparented to
-    # init (or the nearest subreaper), no longer a descendant of the server.
-    print(f"started {pid}")
-    return 0
+    pid = running(name)
+    return 0, f"started {pid}\n".encode()
 
 
-def op_status(args: dict[str, Any]) -> int:
+def op_status(args: dict[str, Any]) -> tuple[int, bytes]:
     pid = running(args["name"])
     if pid is None:
-        return EXIT_NOT_RUNNING
-    print(pid)
-    return 0
+        return EXIT_NOT_RUNNING, b""
+    return 0, f"{pid}\n".encode()
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:
@@ -261,7 +272,7 @@ def signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def op_stop(args: dict[str, Any]) -> int:
+def op_stop(args: dict[str, Any]) -> tuple[int, bytes]:
     name, timeout_s = args["name"], float(args["timeout_s"])
     pid = running(name)
     if pid is not None:
@@ -273,22 +284,65 @@ def op_stop(args: dict[str, Any]) -> int:
             if not wait_gone(pid, 5.0):
                 raise OpError(f"daemon {name} (pid {pid}) survived SIGKILL")
     unlink_quietly(pidfile(name))
-    print("stopped")
-    return 0
+    return 0, b"stopped\n"
 
 
 OPS = {"read": op_read, "write": op_write, "spawn": op_spawn, "status": op_status, "stop": op_stop}
 
 
+def dispatch(op: str, args: dict[str, Any]) -> tuple[int, bytes, bytes]:
+    try:
+        rc, out = OPS[op](args)
+    except (OpError, OSError) as exc:
+        return 1, b"", f"{op}: {exc}\n".encode()
+    return rc, out, b""
+
+
 def main() -> int:
     request = marshal.loads(sys.stdin.buffer.read())
-    op = request["op"]
     try:
         enter(request["netns"], request["mnt"], request["uts"])
-        return OPS[op](request["args"])
     except (OpError, OSError) as exc:
-        print(f"{op}: {exc}", file=sys.stderr)
+        print(f"{request['op']}: {exc}", file=sys.stderr)
         return 1
+    rc, out, err = dispatch(request["op"], request["args"])
+    sys.stdout.buffer.write(out)
+    sys.stderr.buffer.write(err)
+    return rc
+
+
+def read_frame(stream: Any) -> Any:
+    head = stream.read(4)
+    if len(head) < 4:
+        return None  # EOF: the server closed its end (or died)
+    size = int.from_bytes(head, "big")
+    body = stream.read(size)
+    if len(body) < size:
+        return None
+    return marshal.loads(body)
+
+
+def write_frame(stream: Any, obj: Any) -> None:
+    body = marshal.dumps(obj)
+    stream.write(len(body).to_bytes(4, "big") + body)
+    stream.flush()
+
+
+def serve() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    hello = read_frame(stdin)
+    if hello is None:
+        return 0
+    try:
+        enter(hello["netns"], hello["mnt"], hello["uts"])
+    except (OpError, OSError) as exc:
+        write_frame(stdout, {"rc": 1, "out": b"", "err": f"enter: {exc}\n".encode()})
+        return 1
+    write_frame(stdout, {"rc": 0, "out": b"", "err": b""})
+    while (request := read_frame(stdin)) is not None:
+        rc, out, err = dispatch(request["op"], request["args"])
+        write_frame(stdout, {"rc": rc, "out": out, "err": err})
+    return 0
 
 
 def exit_now(code: int) -> None:
@@ -300,4 +354,4 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    exit_now(serve() if sys.argv[1:] == ["--serve"] else main())

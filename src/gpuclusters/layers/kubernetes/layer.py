@@ -189,16 +189,20 @@ class KubernetesLayer(ClusterLayer):
         await stack.wait_ready(api)
         marks.append(("readyz", loop.time()))
         capacity_gib = 1024  # nominal: a hostPath PV does not enforce it
-        # Storage objects before the controller-manager: its PV binder then
-        # finds claim and volume in its first list and binds at once.
-        await api.apply(
-            cfg.storage_manifests(
-                shared_volume=cluster.volume_id is not None, shared_capacity_gib=capacity_gib
-            )
+        objs = cfg.storage_manifests(
+            shared_volume=cluster.volume_id is not None, shared_capacity_gib=capacity_gib
         )
+        claims = [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+        # The volume first, the claim once the PV binder has made the volume
+        # Available: a claim synced while the binder's volume worker still
+        # updates the volume loses the write race (409) and waits for the
+        # next resync; in this order the binding takes one pass.
+        await api.apply([o for o in objs if o["kind"] != "PersistentVolumeClaim"])
         await stack.start_controllers(cp, spec, changed=changed)
         marks.append(("controllers", loop.time()))
-        if cluster.volume_id is not None:
+        if claims:
+            await stack.wait_volume_settled(api, cfg.SHARED_PV)
+            await api.apply(claims)
             await stack.wait_bound(api, cfg.SHARED_PVC)
             marks.append(("bound", loop.time()))
         await stack.reconcile_rbac(cp, spec, [(u.name, u.admin) for u in cluster.users])

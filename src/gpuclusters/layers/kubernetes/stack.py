@@ -246,6 +246,20 @@ async def admin_api(cp: NodeShell, spec: cfg.K8sSpec) -> KubeAPI | None:
     return KubeAPI(spec.server, ca_pem=ca, cert_pem=cert, key_pem=key)
 
 
+async def wait_volume_settled(api: KubeAPI, pv: str, *, timeout_s: float = 60.0) -> None:
+    """Wait until the PV binder has seen ``pv`` (its phase left Pending)."""
+    path = f"/api/v1/persistentvolumes/{pv}"
+
+    async def settled() -> bool | None:
+        obj = await api.get(path)
+        phase = (obj or {}).get("status", {}).get("phase")
+        return True if phase not in (None, "Pending") else None
+
+    await wait_for(
+        settled, what=f"PV {pv} seen by the binder", timeout_s=timeout_s, max_delay_s=0.1
+    )
+
+
 async def wait_bound(
     api: KubeAPI,
     pvc: str,

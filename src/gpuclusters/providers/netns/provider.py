@@ -47,7 +47,7 @@ from gpuclusters.linux.layout import LayoutError, NodeLayout
 from gpuclusters.linux.machine import Daemon, MachineError, NodeBoot
 from gpuclusters.linux.procs import ProcessesSurviveError
 from gpuclusters.linux.run import CommandError
-from gpuclusters.linux.shell import NamespaceShell
+from gpuclusters.linux.shell import NamespaceShell, close_helpers
 from gpuclusters.providers.base import (
     HostSpec,
     Instance,
@@ -439,7 +439,8 @@ class NetnsNodeProvider(NodeProvider):
         return [await self._instance(r) for r in recs]
 
     async def close(self) -> None:
-        """Nothing to release: nodes are namespaces and keep running."""
+        """Stop the shells' kept helpers; nodes are namespaces and keep running."""
+        await close_helpers()
 
     # -- NodeAccess -----------------------------------------------------------
 
