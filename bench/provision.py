@@ -11,7 +11,14 @@ one cluster at a time (the default netns fleet has 4 hosts):
   and the mtimes of the files its steps write in the nodes' /etc overlay
   (which date the steps that start no daemon). Then DELETE and poll until
   404.
-* **floor**: no server. The netns provider and the Slurm stack in this
+* **layers floor**: what a Slurm cluster is now, with no server, database
+  or reconcilers: the netns provider and the server's own layers for a
+  ``slurm`` cluster (Slurm *and* Kubernetes, ``layers_for_provider``) run in
+  this process: N GPU nodes made at once, then ``ensure_control_plane``
+  (both control planes, the shared volume's claim bound) beside every
+  node's ``join_node``, from the first namespace to all done. The ratio is
+  taken against this floor.
+* **Slurm floor**: no server. The netns provider and the Slurm stack in this
   process: the controller service node and N GPU nodes (``create`` /
   ``ensure_service_node``), then ``stack.start_controller`` and
   ``stack.join_compute`` for every node at once (``asyncio.gather``), timed
@@ -29,7 +36,7 @@ Slurm, munge and MariaDB (scripts/setup). Everything made is deleted at the
 end, also on error or Ctrl-C, and the bench checks that none of its
 namespaces is left (other servers' namespaces are never touched).
 
-    .venv/bin/python bench/provision.py --quickack      # ~95 s on 2 cores
+    .venv/bin/python bench/provision.py --quickack      # ~3 min on 2 cores
     .venv/bin/python bench/provision.py --sizes 2 --repeat 5 --trace
 """
 
@@ -59,13 +66,17 @@ from typing import Any, TypeVar
 
 import httpx
 
+from gpuclusters.core.enums import ClusterType
 from gpuclusters.core.nodeshell import CommandResult, NodeShell
+from gpuclusters.layers.base import ClusterRef, NodeRef, UnixUser
 from gpuclusters.layers.slurm import config as cfg
 from gpuclusters.layers.slurm import stack
 from gpuclusters.linux.layout import NETNS_DIR
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.providers.netns.provider import NetnsNodeProvider
 from gpuclusters.providers.registry import ProviderOptions, make_provider
+from gpuclusters.providers.volumes import VolumeStore
+from gpuclusters.server.runtime import layers_for_provider
 
 T = TypeVar("T")
 PROJECT = "/v1/projects/default"
@@ -631,6 +642,63 @@ class Server:
         return not left and not self.provider_nodes()
 
 
+async def layers_floor_run(n: int) -> float:
+    """What a Slurm cluster is today, with no server: the netns provider and
+    the same layers the server uses (Slurm *and* Kubernetes, with the shared
+    volume's claim bound), run directly: nodes made at once, then
+    ``ensure_control_plane`` beside every node's ``join_node``. Seconds from
+    the first namespace to every node joined and the control plane done."""
+    home = fresh_home("layers")
+    provider = make_provider("netns", ProviderOptions(home=home))
+    assert isinstance(provider, NetnsNodeProvider)
+    layer = layers_for_provider(provider)[ClusterType.SLURM]
+    name = f"lf{n}{secrets.token_hex(2)}"
+    volume_id = uuid.uuid4().hex
+    await VolumeStore(home / "volumes").ensure(volume_id, size_tib=1)
+    hosts = (await provider.hosts())[:n]
+    refs = tuple(
+        NodeRef(node_id=uuid.uuid4().hex, name=f"{name}-standard-{i}", host=h.name,
+                compute_class="standard")
+        for i, h in enumerate(hosts)
+    )  # fmt: skip
+    cref = ClusterRef(
+        cluster_id=uuid.uuid4().hex,
+        name=name,
+        cluster_type="slurm",
+        gpu_type=hosts[0].gpu_type,
+        volume_id=volume_id,
+        users=(UnixUser(name="bench", uid=20000, admin=True),),
+        nodes=refs,
+    )
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(
+                provider.create(
+                    NodeSpec(node_id=r.node_id, name=r.name, cluster_id=cref.cluster_id,
+                             cluster_name=name, host=r.host, gpu_type=cref.gpu_type,
+                             compute_class="standard", volume_id=volume_id)
+                )
+                for r in refs
+            )
+        )  # fmt: skip
+
+        async def join(r: NodeRef) -> None:
+            while not await layer.join_node(cref, r):  # noqa: ASYNC110 (a step polled until done)
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(layer.ensure_control_plane(cref), *(join(r) for r in refs))
+        return time.perf_counter() - t0
+    finally:
+        with uninterrupted():
+            for r in refs:
+                await _attempt(provider.delete(r.node_id), f"delete {r.name}")
+            await _attempt(layer.delete(cref), f"delete {name}'s service nodes")
+            await provider.close()
+            await VolumeStore(home / "volumes").delete(volume_id)
+            shutil.rmtree(home, ignore_errors=True)
+
+
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value).timestamp()
 
@@ -754,24 +822,31 @@ def print_floor(run: FloorRun, *, trace: bool = False) -> None:
 
 
 def print_table(
-    cp: dict[int, list[CpRun]], fl: dict[int, list[FloorRun]], qa: dict[int, list[FloorRun]]
+    cp: dict[int, list[CpRun]],
+    fl: dict[int, list[FloorRun]],
+    qa: dict[int, list[FloorRun]],
+    lf: dict[int, list[float]],
 ) -> None:
     extra = any(qa.values())
     print()
     print("min / median over the repeats")
     print(
-        "| nodes | control plane create->ready | floor (ns + daemons) | daemons only "
-        "| ratio (median cp / median floor) | delete->404 |"
-        + (" floor with quickack routes |" if extra else "")
+        "| nodes | control plane create->ready | floor: Slurm + Kubernetes layers "
+        "| ratio (median cp / median layers floor) | floor: Slurm daemons (ns + daemons) "
+        "| Slurm daemons only | delete->404 |"
+        + (" Slurm floor with quickack routes |" if extra else "")
     )
-    print("|---|---|---|---|---|---|" + ("---|" if extra else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if extra else ""))
     for n in sorted(cp):
         ready = [r.ready for r in cp[n]]
         total = [r.total for r in fl[n]]
         daemons = [r.daemons for r in fl[n]]
-        ratio = med(ready) / med(total)
+        ratio = med(ready) / med(lf[n])
         gone = [r.delete for r in cp[n]]
-        row = f"| {n} | {fmt(ready)} | {fmt(total)} | {fmt(daemons)} | {ratio:.1f}x | {fmt(gone)} |"
+        row = (
+            f"| {n} | {fmt(ready)} | {fmt(lf[n])} | {ratio:.1f}x | {fmt(total)} "
+            f"| {fmt(daemons)} | {fmt(gone)} |"
+        )
         if extra:
             row += f" {fmt([r.total for r in qa[n]])} |"
         print(row)
@@ -793,6 +868,7 @@ async def run(args: argparse.Namespace) -> None:
     cp: dict[int, list[CpRun]] = {n: [] for n in args.sizes}
     fl: dict[int, list[FloorRun]] = {n: [] for n in args.sizes}
     qa: dict[int, list[FloorRun]] = {n: [] for n in args.sizes}
+    lf: dict[int, list[float]] = {n: [] for n in args.sizes}
     server = Server()
     server_clean = False
     t_bench = time.perf_counter()
@@ -807,7 +883,7 @@ async def run(args: argparse.Namespace) -> None:
                 for i in range(args.repeat):
                     # Alternate which goes first, so neither always runs on a
                     # machine just warmed up (or loaded) by the other.
-                    order = ["floor", "cp"] if i % 2 == 0 else ["cp", "floor"]
+                    order = ["floor", "layers", "cp"] if i % 2 == 0 else ["cp", "layers", "floor"]
                     if args.quickack:
                         order.insert(order.index("floor") + 1, "quickack")
                     for what in order:
@@ -816,6 +892,9 @@ async def run(args: argparse.Namespace) -> None:
                             first = False
                             fl[n].append(f)
                             print_floor(f, trace=args.trace)
+                        elif what == "layers":
+                            lf[n].append(await layers_floor_run(n))
+                            print(f"  layers floor {n} node(s): {lf[n][-1]:.2f} s")
                         elif what == "quickack":
                             f = await floor_run(n, measure_calls=False, quickack=True)
                             qa[n].append(f)
@@ -831,7 +910,7 @@ async def run(args: argparse.Namespace) -> None:
             server_clean = await server.cleanup()
             if server_clean and not args.keep_home:
                 shutil.rmtree(server.home, ignore_errors=True)
-    print_table(cp, fl, qa)
+    print_table(cp, fl, qa, lf)
     left = "none" if server_clean and not LEFT else f"SOME (see above; kept: {server.home} {LEFT})"
     print(f"\nbench took {time.perf_counter() - t_bench:.0f} s; namespaces of ours left: {left}")
 

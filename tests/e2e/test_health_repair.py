@@ -149,9 +149,12 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
                     timeout=30)  # fmt: skip
 
     # Both nodes unhealthy at once (more than 20%): one is repaired, the
-    # other waits for a person.
-    ok(server, "clusters", "configure", "h1", "--repair-max-wait", "-1")  # and slow it down
-    ssh(server, "sbatch", "-w", other["name"], "--gres=gpu:8", "--wrap", "sleep 600")
+    # other waits for a person. Jobs on both, and repairs wait for idle
+    # nodes forever: whichever repair comes first stays running (a quick
+    # reboot could otherwise finish before the second fault is even seen).
+    ok(server, "clusters", "configure", "h1", "--repair-max-wait", "-1")
+    for n in (victim["name"], other["name"]):
+        ssh(server, "sbatch", "-w", n, "--gres=gpu:8", "--wrap", "sleep 600")
     for n in (victim["name"], other["name"]):
         ok(server, "nodes", "inject-fault", n, "--kind", "ecc-dbe", "--gpu", "0")
     both = server.wait_for(

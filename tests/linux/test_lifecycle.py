@@ -224,3 +224,54 @@ async def test_a_boot_cut_short_is_never_used_and_is_redone(fleet: Fleet) -> Non
     assert (await p.create(spec)).state is InstanceState.RUNNING
     sh = await p.shell(spec.node_id)
     assert (await sh.read_file("/etc/hostname")) == b"cut-1\n"
+
+
+def _helper_pids() -> set[int]:
+    """Kept `_nodeops.py --serve` helpers that are children of this process."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and b"--serve" in cmd and any(c.endswith(b"_nodeops.py") for c in cmd):
+            found.add(int(entry))
+    return found
+
+
+async def test_kept_helpers_are_reused_replaced_and_closed(fleet: Fleet) -> None:
+    from gpuclusters.linux.shell import MAX_IDLE_HELPERS, close_helpers
+
+    p = fleet.provider()
+    spec = fleet.spec(fleet.cluster(), "kh-1", "h100-a-01")
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    before = _helper_pids()
+    for i in range(20):  # one after another: one helper serves them all
+        assert await sh.write_file(f"/tmp/f{i}", b"x") is True
+    assert await sh.read_file("/tmp/f19") == b"x"
+    first = _helper_pids() - before
+    assert len(first) == 1, first
+    # Concurrent ops use several, and at most MAX_IDLE_HELPERS stay.
+    await asyncio.gather(*(sh.read_file(f"/tmp/f{i}") for i in range(12)))
+    assert 1 <= len(_helper_pids() - before) <= MAX_IDLE_HELPERS
+    # A helper killed under us (as powering the node off does) is replaced:
+    # the op still answers.
+    for pid in _helper_pids() - before:
+        os.kill(pid, 9)
+    assert await sh.read_file("/tmp/f3") == b"x"
+    # A reboot kills the helpers with everything in the node; the next op
+    # runs in the new namespaces, not in the old ones.
+    await sh.run(["sh", "-c", "echo r > /run/marker"])
+    assert await sh.read_file("/run/marker") == b"r\n"
+    await p.reboot(spec.node_id)
+    assert await sh.read_file("/run/marker") is None
+    await close_helpers()
+    await asyncio.sleep(0.2)
+    assert _helper_pids() - before == set()
+    await p.delete(spec.node_id)

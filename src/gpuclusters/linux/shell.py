@@ -279,14 +279,18 @@ class _Helpers:
 
     async def call(self, op: str, args: dict[str, Any], *, timeout_s: float) -> Completed:
         for attempt in (1, 2):
-            helper = self._take() or await _Helper.start(self._node)
+            helper = (self._take() if attempt == 1 else None) or await _Helper.start(self._node)
             try:
                 done = await asyncio.wait_for(helper.request(op, args), timeout_s)
             except _HelperDied:
                 await helper.close()
                 if attempt == 2:
                     raise CommandError((op,), 1, b"", "the node's helper died") from None
-                continue  # killed with the node's processes, or crashed: ops are idempotent
+                # Killed with the node's processes (its idle siblings too,
+                # most likely), or crashed: drop them all and try once more
+                # with a fresh one; every op is idempotent.
+                self.drop_idle()
+                continue
             except TimeoutError:
                 await helper.kill()
                 raise CommandTimeoutError(
@@ -303,6 +307,12 @@ class _Helpers:
                 await helper.close()
             return done
         raise AssertionError("unreachable")
+
+    def drop_idle(self) -> None:
+        idle, self.idle = self.idle, []
+        for helper in idle:
+            with contextlib.suppress(ProcessLookupError):
+                helper.proc.kill()
 
     def _take(self) -> _Helper | None:
         while self.idle:
@@ -332,12 +342,22 @@ def _helpers_for(node: NodeLayout) -> _Helpers:
         if helpers is not None:
             # Helpers of namespaces that are gone were killed with them; of
             # another event loop, they cannot be awaited here: drop them.
-            for helper in helpers.idle:
-                with contextlib.suppress(ProcessLookupError):
-                    helper.proc.kill()
+            helpers.drop_idle()
         helpers = _Helpers(node, identity)
         _HELPERS[key] = helpers
+        _forget_gone(loop)
     return helpers
+
+
+def _forget_gone(loop: asyncio.AbstractEventLoop) -> None:
+    """Drop the entries of nodes that are gone or were rebooted since (their
+    helpers died with them), so a long-lived server's table does not grow
+    with every node it ever made. Runs when an entry is made: once per node
+    boot."""
+    for key, helpers in list(_HELPERS.items()):
+        if helpers.loop is not loop or _ns_identity(helpers._node) != helpers.identity:
+            helpers.drop_idle()
+            del _HELPERS[key]
 
 
 async def close_helpers() -> None:

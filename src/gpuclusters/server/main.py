@@ -62,6 +62,9 @@ def run(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request at INFO: the Kubernetes layer's polls would
+    # drown the log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     config = uvicorn.Config(
         create_app(settings, announce=announce),
         host=settings.host,
