@@ -9,8 +9,10 @@ signal (``/readyz``, ``ctr version``, the Node's ``Ready`` condition and
 its allocatable GPUs) with a short backoff; there are no fixed sleeps.
 
 Order on the control-plane node: PKI -> etcd -> kube-apiserver (``/readyz``)
--> controller-manager + scheduler -> cluster objects (storage classes, the
-shared volume's PV/PVC, users' RBAC bindings).
+-> storage classes and the shared volume's PV -> controller-manager +
+scheduler -> the shared volume's claim, once the PV binder has seen its
+volume -> users' RBAC bindings. (The controller-manager cannot start with
+the apiserver: it exits when the apiserver's RBAC is not bootstrapped yet.)
 
 Order on a GPU node: kernel settings of the node's own network namespace
 (forwarding, bridge netfilter) and the kubelet sysctl shadows -> node
