@@ -46,10 +46,15 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         # makes accounts too, and finds them made). Then both joins at once:
         # each waits for its own control plane, which start side by side.
         await self.slurm.prepare_node(cluster, node)
-        joined = await asyncio.gather(
-            self.slurm.join_node(cluster, node), self.kubernetes.join_node(cluster, node)
+        results = await asyncio.gather(
+            self.slurm.join_node(cluster, node),
+            self.kubernetes.join_node(cluster, node),
+            return_exceptions=True,  # a failed half is raised once the other is done
         )
-        return all(joined)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return all(results)
 
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
         await asyncio.gather(

@@ -230,9 +230,8 @@ async def wait_ready(api: KubeAPI, *, timeout_s: float = 120.0) -> None:
 
 
 async def start_controllers(cp: NodeShell, spec: cfg.K8sSpec, *, changed: bool) -> None:
-    """controller-manager and scheduler, once the apiserver answers (and
-    after the cluster's storage objects exist: the PV binder then binds the
-    shared-volume claim in its first pass instead of its next resync)."""
+    """controller-manager and scheduler, once the apiserver answers (started
+    with it, the controller manager exits: RBAC is not bootstrapped yet)."""
     await _respawn(cp, cfg.CONTROLLER_MANAGER, cfg.controller_manager_argv(spec), changed)
     await _respawn(cp, cfg.SCHEDULER, cfg.scheduler_argv(spec), changed)
 
