@@ -17,15 +17,15 @@ from gpuclusters.layers.base import LayerError
 T = TypeVar("T")
 
 
-async def wait_for(
+async def poll_until(
     probe: Callable[[], Awaitable[T | None]],
     *,
-    what: str,
     timeout_s: float,
     first_delay_s: float = 0.02,
     max_delay_s: float = 0.05,
-) -> T:
-    """Call ``probe`` until it returns something other than None; backoff x1.5."""
+) -> T | None:
+    """Call ``probe`` until it returns something other than None (backoff
+    x1.5), or return None after ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     delay = first_delay_s
@@ -35,9 +35,26 @@ async def wait_for(
             return result
         left = deadline - loop.time()
         if left <= 0:
-            raise LayerError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            return None
         await asyncio.sleep(min(delay, left))
         delay = min(delay * 1.5, max_delay_s)
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    what: str,
+    timeout_s: float,
+    first_delay_s: float = 0.02,
+    max_delay_s: float = 0.05,
+) -> T:
+    """``poll_until``, giving up with a ``LayerError``."""
+    result = await poll_until(
+        probe, timeout_s=timeout_s, first_delay_s=first_delay_s, max_delay_s=max_delay_s
+    )
+    if result is None:
+        raise LayerError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    return result
 
 
 async def ok(shell: NodeShell, argv: Sequence[str], timeout_s: float = 10.0) -> bool | None:

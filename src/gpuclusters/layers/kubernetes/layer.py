@@ -31,6 +31,7 @@ from gpuclusters.layers.base import ClusterLayer, ClusterRef, LayerError, NodeRe
 from gpuclusters.layers.kubernetes import config as cfg
 from gpuclusters.layers.kubernetes import exclusive, images, pki, preemption, stack
 from gpuclusters.layers.kubernetes.api import KubeAPI
+from gpuclusters.layers.waiting import poll_until
 
 log = logging.getLogger(__name__)
 
@@ -163,17 +164,19 @@ class KubernetesLayer(ClusterLayer):
         self, cluster: ClusterRef, cp: NodeShell, *, timeout_s: float
     ) -> KubeAPI | None:
         """The API once ``/readyz`` answers, or None after ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         api: KubeAPI | None = None
-        while True:
+
+        async def ready() -> KubeAPI | None:
+            nonlocal api
             if api is None:
                 api = await self._api(cluster, cp)
-            if api is not None and await api.ready():
-                return api
-            if loop.time() >= deadline:
-                return None
-            await asyncio.sleep(API_POLL_S)
+            return api if api is not None and await api.ready() else None
+
+        return await poll_until(ready, timeout_s=timeout_s, max_delay_s=API_POLL_S)
+
+    async def _cluster_api(self, cluster: ClusterRef) -> KubeAPI | None:
+        """``_api`` for steps that need nothing else of the control plane."""
+        return await self._api(cluster, await self._control_plane(cluster))
 
     # -- contract -------------------------------------------------------------
 
@@ -237,8 +240,7 @@ class KubernetesLayer(ClusterLayer):
         return True
 
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
-        cp = await self._control_plane(cluster)
-        api = await self._api(cluster, cp)
+        api = await self._cluster_api(cluster)
         if api is not None:
             await stack.cordon(api, node.name, reason=reason)
 
@@ -252,8 +254,7 @@ class KubernetesLayer(ClusterLayer):
         return await stack.drain(cp, self._spec(cluster, cp), api, node.name, reason=reason)
 
     async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
-        cp = await self._control_plane(cluster)
-        api = await self._api(cluster, cp)
+        api = await self._cluster_api(cluster)
         if api is not None:
             await stack.uncordon(api, node.name)
 
@@ -270,8 +271,7 @@ class KubernetesLayer(ClusterLayer):
         return await exclusive.run_exclusive(api, node.name, run, timeout_s=timeout_s)
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
-        cp = await self._control_plane(cluster)
-        api = await self._api(cluster, cp)
+        api = await self._cluster_api(cluster)
         return 0 if api is None else await preemption.running_work(api, node.name)
 
     async def preempt(
@@ -286,15 +286,13 @@ class KubernetesLayer(ClusterLayer):
     async def preemption_done(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
-        cp = await self._control_plane(cluster)
-        api = await self._api(cluster, cp)
+        api = await self._cluster_api(cluster)
         if api is None:
             return True
         return await preemption.preemption_done(api, node.name, deadline=deadline)
 
     async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
-        cp = await self._control_plane(cluster)
-        api = await self._api(cluster, cp)
+        api = await self._cluster_api(cluster)
         return api is not None and await stack.is_cordoned_by_user(api, node.name)
 
     async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:

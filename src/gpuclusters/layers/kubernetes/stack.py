@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cryptography import x509
@@ -247,38 +247,40 @@ async def admin_api(cp: NodeShell, spec: cfg.K8sSpec) -> KubeAPI | None:
     return KubeAPI(spec.server, ca_pem=ca, cert_pem=cert, key_pem=key)
 
 
+async def _wait_phase(
+    api: KubeAPI, path: str, done: Callable[[str | None], bool], *, what: str, timeout_s: float
+) -> None:
+    async def reached() -> bool | None:
+        obj = await api.get(path)
+        return True if done((obj or {}).get("status", {}).get("phase")) else None
+
+    await wait_for(reached, what=what, timeout_s=timeout_s, max_delay_s=0.1)
+
+
 async def wait_volume_settled(api: KubeAPI, pv: str, *, timeout_s: float = 60.0) -> None:
     """Wait until the PV binder has seen ``pv`` (its phase left Pending)."""
-    path = f"/api/v1/persistentvolumes/{pv}"
-
-    async def settled() -> bool | None:
-        obj = await api.get(path)
-        phase = (obj or {}).get("status", {}).get("phase")
-        return True if phase not in (None, "Pending") else None
-
-    await wait_for(
-        settled, what=f"PV {pv} seen by the binder", timeout_s=timeout_s, max_delay_s=0.1
+    await _wait_phase(
+        api,
+        f"/api/v1/persistentvolumes/{pv}",
+        lambda phase: phase not in (None, "Pending"),
+        what=f"PV {pv} seen by the binder",
+        timeout_s=timeout_s,
     )
 
 
 async def wait_bound(
-    api: KubeAPI,
-    pvc: str,
-    *,
-    namespace: str = "default",
-    timeout_s: float = 60.0,
+    api: KubeAPI, pvc: str, *, namespace: str = "default", timeout_s: float = 60.0
 ) -> None:
     """Wait for the PV binder (in kube-controller-manager) to bind ``pvc``;
     it does so asynchronously after the claim is created, and a cluster is
     only ready once its shared-volume claim can be mounted."""
-    path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{pvc}"
-
-    async def bound() -> bool | None:
-        obj = await api.get(path)
-        phase = (obj or {}).get("status", {}).get("phase")
-        return True if phase == "Bound" else None
-
-    await wait_for(bound, what=f"PVC {pvc} Bound", timeout_s=timeout_s, max_delay_s=0.1)
+    await _wait_phase(
+        api,
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{pvc}",
+        lambda phase: phase == "Bound",
+        what=f"PVC {pvc} Bound",
+        timeout_s=timeout_s,
+    )
 
 
 async def reconcile_rbac(

@@ -29,6 +29,7 @@ from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.layers.slurm import config as cfg
 from gpuclusters.layers.slurm import preemption, stack
 from gpuclusters.layers.slurm.status import active_jobs_on
+from gpuclusters.layers.waiting import poll_until
 
 CONTROLLER = "controller"
 LOGIN = "login"
@@ -92,13 +93,12 @@ class SlurmLayer(ClusterLayer):
         """Whether slurmctld answers within ``timeout_s``: a joining node
         waits for it here instead of handing its step back and waiting for
         the next reconcile pass."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not await stack.ping(controller):
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(CONTROLLER_POLL_S)
-        return True
+
+        async def answers() -> bool | None:
+            return True if await stack.ping(controller) else None
+
+        up = await poll_until(answers, timeout_s=timeout_s, max_delay_s=CONTROLLER_POLL_S)
+        return up is not None
 
     async def prepare_node(self, cluster: ClusterRef, node: NodeRef) -> None:
         """/home on the shared volume and the members' accounts on a GPU node
