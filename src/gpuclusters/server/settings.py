@@ -7,6 +7,9 @@ the server reads the environment.
 
 from __future__ import annotations
 
+import functools
+import re
+import socket
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -33,6 +36,29 @@ class Settings(BaseSettings):
         default=None,
         description="directory with the Kubernetes and etcd binaries "
         "(default: the scripts/build-k8s cache); must be visible inside nodes",
+    )
+
+    # Access from users' machines (docs/access.md).
+    public_host: str | None = Field(
+        default=None,
+        description="the name or address users reach clusters (and the API over TLS) on; "
+        "default: this machine's primary address",
+    )
+    gateway_ports: str = Field(
+        default="30000-32767",
+        pattern=r"^\d{1,5}-\d{1,5}$",
+        description="range of gateway ports given to clusters (SSH and Kubernetes API), "
+        "'FIRST-LAST'",
+    )
+    ssh_cert_validity_h: float = Field(
+        default=4.0, gt=0, le=24 * 7, description="validity of SSH user certificates"
+    )
+    access_sync_interval_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=60,
+        description="how often nodes' SSH access (keys, members) is checked against the "
+        "database; revocations reach every node within this (plus a node round trip)",
     )
 
     # Controllers.
@@ -95,6 +121,40 @@ class Settings(BaseSettings):
             "preemptible": self.preemptible_discount,
         }
 
+    @property
+    def gateway_port_range(self) -> tuple[int, int]:
+        first, last = (int(p) for p in self.gateway_ports.split("-"))
+        return first, last
+
+    @field_validator("gateway_ports")
+    @classmethod
+    def _port_range(cls, v: str) -> str:
+        first, last = (int(p) for p in v.split("-"))
+        if not 1024 <= first <= last <= 65535:
+            raise ValueError("must be FIRST-LAST with 1024 <= FIRST <= LAST <= 65535")
+        if last - first < 1:
+            raise ValueError("must hold at least two ports")
+        return v
+
+    @field_validator("public_host")
+    @classmethod
+    def _public_host(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        v = v.strip()
+        if not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", v):
+            raise ValueError("must be a DNS name or an IP address")
+        if v in ("localhost", "0.0.0.0", "::") or v.startswith("127."):
+            raise ValueError(
+                "must be an address other machines reach (not loopback or a wildcard)"
+            )
+        return v
+
+    @property
+    def gateway_host(self) -> str:
+        """``public_host``, or this machine's primary address."""
+        return self.public_host or primary_address()
+
     @field_validator("home")
     @classmethod
     def _expand(cls, v: Path) -> Path:
@@ -110,3 +170,22 @@ class Settings(BaseSettings):
     def public_url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
+
+
+@functools.cache
+def primary_address() -> str:
+    """The address of this machine's default route (no packet is sent: a
+    UDP socket's connect only asks the kernel for a route), or the
+    hostname's address when there is no default route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+            addr = str(s.getsockname()[0])
+            if not addr.startswith("127.") and addr != "0.0.0.0":
+                return addr
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

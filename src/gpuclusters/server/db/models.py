@@ -169,6 +169,20 @@ class Cluster(LeaseMixin, Base):
             sqlite_where=text("deleted_at IS NULL"),
             postgresql_where=text("deleted_at IS NULL"),
         ),
+        Index(
+            "uq_clusters_live_ssh_port",
+            "ssh_port",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+        Index(
+            "uq_clusters_live_kubernetes_port",
+            "kubernetes_port",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
@@ -207,6 +221,13 @@ class Cluster(LeaseMixin, Base):
     repair_max_wait_s: Mapped[int] = mapped_column(Integer, default=7200)
     # When the "reservation ends in 24 h" warning was given (once per end).
     end_warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # The gateway's ports for this cluster (docs/access.md): SSH to the login
+    # node and the Kubernetes API, allocated once from the configured range
+    # and kept for the cluster's life (unique among live clusters).
+    ssh_port: Mapped[int | None] = mapped_column(Integer, default=None)
+    kubernetes_port: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Nodes reach networks outside the machine through NAT on the host.
+    egress: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
@@ -420,3 +441,41 @@ class HealthRun(LeaseMixin, Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class SshKey(Base):
+    """A public key a user registered; sshd on every cluster of the user's
+    projects accepts it for the user's own account. A delete sets
+    ``deleted_at`` (the access sync drops it from nodes within a minute)."""
+
+    __tablename__ = "ssh_keys"
+    __table_args__ = (
+        Index(
+            "uq_ssh_keys_live_fingerprint",
+            "user_id",
+            "fingerprint",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    key_type: Mapped[str] = mapped_column(String(64))
+    public_key: Mapped[str] = mapped_column(Text)  # "<type> <base64>", no comment
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class SshAuthority(Base):
+    """An organization's SSH certificate authority: ``user`` signs members'
+    short-lived keys, ``host`` signs nodes' host keys. Made on first use."""
+
+    __tablename__ = "ssh_authorities"
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # "user" | "host"
+    private_key: Mapped[str] = mapped_column(Text)  # OpenSSH PEM, Ed25519
+    public_key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
