@@ -12,6 +12,9 @@ NODES = "nodes"
 VOLUMES = "volumes"
 REPAIRS = "repairs"
 HEALTH = "health"
+# Who may log in where changed (SSH keys, members, users): the access sync
+# pushes the new authorized keys and principals to clusters' nodes.
+ACCESS = "access"
 
 
 class Hints:
