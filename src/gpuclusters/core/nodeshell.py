@@ -92,6 +92,16 @@ class NodeShell(Protocol):
         caller's terminal attached (for ``gpuclusters clusters ssh``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayTarget:
+    """A gateway port: TCP ``public_port`` on the public host forwarded to
+    ``address:port`` on the cluster's network."""
+
+    public_port: int
+    address: str
+    port: int
+
+
 @runtime_checkable
 class NodeAccess(Protocol):
     """What a provider offers layers: shells on nodes, and service nodes
@@ -108,3 +118,10 @@ class NodeAccess(Protocol):
 
     async def delete_service_nodes(self, *, cluster_id: str) -> None:
         """Remove all service nodes of the cluster; idempotent."""
+
+    async def ensure_gateway(
+        self, *, cluster_id: str, egress: bool, forwards: Mapping[str, GatewayTarget]
+    ) -> None:
+        """Make the cluster reachable on its gateway ports (by name, e.g.
+        "ssh", "kubernetes") and let its nodes reach outside networks or
+        not; idempotent. Called once the cluster's network exists."""

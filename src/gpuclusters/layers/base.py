@@ -47,6 +47,35 @@ class NodeRef:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayRef:
+    """Where users reach the cluster from their own machines
+    (docs/access.md): the public host and the cluster's ports on it."""
+
+    host: str
+    ssh_port: int | None = None
+    kubernetes_port: int | None = None
+
+    @property
+    def kubernetes_url(self) -> str | None:
+        if self.kubernetes_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.kubernetes_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class SshAccess:
+    """Who may log in to the cluster's nodes over SSH, and the keys that
+    make it so: the organization's user CA (certificates), each allowed
+    member's registered keys, and the host CA that signs node host keys."""
+
+    user_ca_public_key: str
+    host_ca_private_key: str
+    # Allowed accounts (principals) -> their registered public keys.
+    authorized_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterRef:
     cluster_id: str
     name: str
@@ -60,6 +89,9 @@ class ClusterRef:
     # The cluster's nodes that have joined (or are joining), for layers that
     # must touch every node when configuration changes.
     nodes: tuple[NodeRef, ...] = ()
+    gateway: GatewayRef | None = None
+    # None where SSH is not set up (fake provider, tests of other layers).
+    ssh: SshAccess | None = None
 
 
 class ClusterLayer(ABC):
@@ -140,3 +172,13 @@ class ClusterLayer(ABC):
     @abstractmethod
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         """A kubeconfig for this user."""
+
+    async def gateway_targets(self, cluster: ClusterRef) -> dict[str, tuple[str, int]]:
+        """Where the gateway's ports lead, by name ("ssh": the login node's
+        sshd, "kubernetes": the apiserver), as ``(address, port)`` on the
+        cluster's network; empty where nothing is reachable."""
+        return {}
+
+    async def sync_access(self, cluster: ClusterRef) -> None:  # noqa: B027 (optional)
+        """Bring who may log in over SSH (``cluster.ssh``) to every node
+        that runs sshd; called by the access sync whenever it changed."""

@@ -124,5 +124,14 @@ class SlurmAndKubernetesLayer(ClusterLayer):
             self.slurm.apply_config(cluster), self.kubernetes.apply_config(cluster)
         )
 
+    async def gateway_targets(self, cluster: ClusterRef) -> dict[str, tuple[str, int]]:
+        ssh, kubernetes = await asyncio.gather(
+            self.slurm.gateway_targets(cluster), self.kubernetes.gateway_targets(cluster)
+        )
+        return {**kubernetes, **ssh}
+
+    async def sync_access(self, cluster: ClusterRef) -> None:
+        await self.slurm.sync_access(cluster)
+
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         return await self.kubernetes.credentials(cluster, user=user, admin=admin)

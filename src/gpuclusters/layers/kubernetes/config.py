@@ -100,6 +100,9 @@ class K8sSpec:
     api_hostname: str
     bin_dir: str = str(DEFAULT_BIN_DIR)
     version: str = K8S_VERSION
+    # Names users reach the apiserver by (the gateway's public host): in the
+    # serving certificate, so kubectl from other machines verifies it.
+    public_names: tuple[str, ...] = ()
 
     @property
     def server(self) -> str:

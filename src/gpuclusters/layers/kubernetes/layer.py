@@ -67,6 +67,7 @@ class KubernetesLayer(ClusterLayer):
             api_address=cp.address,
             api_hostname=cp.hostname,
             bin_dir=str(self.bin_dir),
+            public_names=(cluster.gateway.host,) if cluster.gateway else (),
         )
 
     def _check_binaries(self) -> None:
@@ -325,6 +326,10 @@ class KubernetesLayer(ClusterLayer):
             cp, self._spec(cluster, cp), [(u.name, u.admin) for u in cluster.users]
         )
 
+    async def gateway_targets(self, cluster: ClusterRef) -> dict[str, tuple[str, int]]:
+        cp = await self._control_plane(cluster)
+        return {"kubernetes": (cp.address, cfg.API_PORT)}
+
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         """A kubeconfig with a client certificate for ``user`` (CN = the user
         name), whose RBAC binding (cluster-admin or edit) is made first."""
@@ -340,7 +345,9 @@ class KubernetesLayer(ClusterLayer):
         )
         config = kubeconfig.render(
             cluster_name=cluster.name,
-            server=spec.server,
+            # The gateway's endpoint, reachable from users' machines; the
+            # node address only where there is no gateway.
+            server=(cluster.gateway and cluster.gateway.kubernetes_url) or spec.server,
             ca_pem=ca.cert,
             user_name=user,
             client_cert_pem=pair.cert,

@@ -255,3 +255,25 @@ def cert_subject(cert_pem: bytes) -> tuple[str, tuple[str, ...]]:
 
     common = values(NameOID.COMMON_NAME)
     return (common[0] if common else ""), tuple(values(NameOID.ORGANIZATION_NAME))
+
+
+def cert_sans(cert_pem: bytes) -> frozenset[str]:
+    """The DNS names and IP addresses (as text) a certificate is valid for."""
+    try:
+        ext = _load_cert(cert_pem).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return frozenset()
+    names = ext.value.get_values_for_type(x509.DNSName)
+    ips = [str(ip) for ip in ext.value.get_values_for_type(x509.IPAddress)]
+    return frozenset([*names, *ips])
+
+
+def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(dns_names, ip_addresses)`` of host names that may be either."""
+    dns, ips = [], []
+    for name in names:
+        try:
+            ips.append(str(ipaddress.ip_address(name)))
+        except ValueError:
+            dns.append(name)
+    return dns, ips

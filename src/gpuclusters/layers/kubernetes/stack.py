@@ -91,7 +91,8 @@ async def _ensure_pair(
     server: bool = False,
 ) -> bool:
     """``<pki>/<name>.crt`` + ``.key`` signed by ``ca``; (re)issued when
-    missing, signed by another CA, or about to expire. True if issued."""
+    missing, signed by another CA, missing a wanted name (the gateway's
+    public host changed) or about to expire. True if issued."""
     crt, key = cfg.pki_path(f"{name}.crt"), cfg.pki_path(f"{name}.key")
     have = await shell.read_file(crt)
     if (
@@ -99,6 +100,7 @@ async def _ensure_pair(
         and await shell.read_file(key) is not None
         and _issued_by(have, ca.cert)
         and pki.cert_subject(have) == (common_name, tuple(organizations))
+        and pki.cert_sans(have) >= {*dns_names, *ip_addresses}
         and not pki.cert_expires_within(have, 7 * 86400)
     ):
         return False
@@ -172,6 +174,7 @@ async def start_control_plane(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
     waits for ``/readyz``). True if a certificate or kubeconfig changed, so
     ``start_controllers`` restarts the controllers that read them."""
     ca = await ensure_ca(cp, spec.cluster_name)
+    public_dns, public_ips = pki.split_names(spec.public_names)
     server_pair = _ensure_pair(
         cp,
         ca,
@@ -184,8 +187,9 @@ async def start_control_plane(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
             "kubernetes.default.svc",
             f"kubernetes.default.svc.{cfg.CLUSTER_DOMAIN}",
             "localhost",
+            *public_dns,
         ],
-        ip_addresses=[spec.api_address, cfg.api_service_ip(), "127.0.0.1"],
+        ip_addresses=[spec.api_address, cfg.api_service_ip(), "127.0.0.1", *public_ips],
         server=True,
     )
     kubelet_client_pair = _ensure_pair(

@@ -182,6 +182,7 @@ OWNED_SLURM_KEYS: frozenset[str] = frozenset(
         "Include",
         "ProctrackType",
         "TaskPlugin",
+        "PrologFlags",
         "SelectType",
         "GresTypes",
         "MaxNodeCount",
@@ -468,6 +469,10 @@ def render_slurm_conf(spec: SlurmSpec) -> str:
         "SlurmdPidFile=/run/slurmd.pid",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
+        # An "extern" step on every node of a job at allocation: what
+        # pam_slurm_adopt looks for to let the job's user ssh to the node
+        # (docs/access.md).
+        "PrologFlags=Contain",
         "SelectType=select/cons_tres",
         "GresTypes=gpu",
         f"MaxNodeCount={spec.max_nodes}",

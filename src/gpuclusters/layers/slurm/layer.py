@@ -19,17 +19,21 @@ shells they run on, from the ``ClusterRef`` the control plane passes in.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from datetime import datetime
 
 from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
+from gpuclusters.layers import ssh as sshd
 from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.layers.slurm import config as cfg
 from gpuclusters.layers.slurm import preemption, stack
 from gpuclusters.layers.slurm.status import active_jobs_on
 from gpuclusters.layers.waiting import poll_until
+
+log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
 LOGIN = "login"
@@ -124,6 +128,10 @@ class SlurmLayer(ClusterLayer):
             login = await self._service(cluster, LOGIN)
             await self._prepare(login, cluster)
             await stack.ensure_munge(login, spec, munge_key=key)
+            if cluster.ssh is not None:
+                # Users' way in: named by the gateway's host in its certificate.
+                extra = [cluster.gateway.host] if cluster.gateway else []
+                await sshd.ensure_sshd(login, cluster.ssh, extra_names=extra)
             return login
 
         _, login = await asyncio.gather(controller_side(), login_side())
@@ -149,6 +157,9 @@ class SlurmLayer(ClusterLayer):
         await stack.join_compute(
             controller, shell, spec, munge_key=key, features=[node.compute_class]
         )
+        if cluster.ssh is not None:
+            # Reached through the login node, by users with a job here only.
+            await sshd.ensure_sshd(shell, cluster.ssh, adopt=True)
         return True
 
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
@@ -221,6 +232,29 @@ class SlurmLayer(ClusterLayer):
         await stack.apply_config(
             controller, self._spec(cluster, controller), logins=[login], computes=computes
         )
+
+    async def gateway_targets(self, cluster: ClusterRef) -> dict[str, tuple[str, int]]:
+        login = await self._service(cluster, LOGIN)
+        return {"ssh": (login.address, sshd.SSH_PORT)}
+
+    async def sync_access(self, cluster: ClusterRef) -> None:
+        """New keys and members reach the login node and every compute
+        node; the accounts they log in as are made first."""
+        if cluster.ssh is None:
+            return
+        shells = [await self._service(cluster, LOGIN)]
+        for n in cluster.nodes:
+            try:
+                shells.append(await self.access.shell(n.node_id))
+            except Exception as exc:  # being rebuilt: its join writes the files
+                log.debug("node %s has no shell now: %s", n.name, exc)
+        access = cluster.ssh
+
+        async def one(shell: NodeShell) -> None:
+            await ensure_accounts(shell, cluster.users)
+            await sshd.sync_access(shell, access)
+
+        await asyncio.gather(*(one(s) for s in shells))
 
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         raise InvalidStateError(

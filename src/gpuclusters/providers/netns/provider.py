@@ -38,11 +38,11 @@ import logging
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from gpuclusters.core.nodeshell import NodeAccess, NodeCommandError, NodeShell
-from gpuclusters.linux import layout, machine, network
+from gpuclusters.core.nodeshell import GatewayTarget, NodeAccess, NodeCommandError, NodeShell
+from gpuclusters.linux import firewall, layout, machine, network
 from gpuclusters.linux.layout import LayoutError, NodeLayout
 from gpuclusters.linux.machine import Daemon, MachineError, NodeBoot
 from gpuclusters.linux.procs import ProcessesSurviveError
@@ -60,6 +60,7 @@ from gpuclusters.providers.base import (
 from gpuclusters.providers.netns.config import NetnsProviderConfig
 from gpuclusters.providers.netns.state import (
     ClusterNetwork,
+    GatewayForward,
     NodeRecord,
     ProviderState,
     StateError,
@@ -108,6 +109,8 @@ class NetnsNodeProvider(NodeProvider):
         self._load_lock = asyncio.Lock()
         self._state_lock = asyncio.Lock()
         self._cluster_locks: dict[str, asyncio.Lock] = {}
+        # Firewall rules this process has written, by cluster (skip rewrites).
+        self._applied: dict[str, firewall.ClusterRules] = {}
 
     # -- state ---------------------------------------------------------------
 
@@ -119,6 +122,7 @@ class NetnsNodeProvider(NodeProvider):
                 with _errors("loading netns provider state"):
                     state = await asyncio.to_thread(ProviderState.load, self._cfg.state_file)
                 await self._report_missing(state)
+                await self._restore_firewall(state)
                 self._state = state
         return self._state
 
@@ -133,6 +137,51 @@ class NetnsNodeProvider(NodeProvider):
                     rec.node_id,
                     ", ".join(missing),
                 )
+
+    async def _restore_firewall(self, state: ProviderState) -> None:
+        """Isolation first, then every cluster's gateway and egress rules
+        (after a host reboot the kernel has none of them)."""
+        with _errors("setting up the host firewall"):
+            await firewall.ensure_base()
+            for net in state.networks.values():
+                await self._apply_rules(net)
+
+    async def _apply_rules(self, net: ClusterNetwork) -> None:
+        rules = firewall.ClusterRules(
+            cluster_id=net.cluster_id,
+            index=net.index,
+            egress=net.egress,
+            forwards=tuple(
+                firewall.Forward(public_port=f.public_port, address=f.address, port=f.port)
+                for _, f in sorted(net.forwards.items())
+            ),
+        )
+        if self._applied.get(net.cluster_id) != rules:
+            await firewall.apply(rules)
+            self._applied[net.cluster_id] = rules
+
+    async def ensure_gateway(
+        self, *, cluster_id: str, egress: bool, forwards: Mapping[str, GatewayTarget]
+    ) -> None:
+        """The cluster's gateway ports and egress, as the firewall rules of
+        its network (``linux.firewall``); idempotent. The network must
+        exist (a node of the cluster was made)."""
+        state = await self._loaded()
+        async with self._cluster_lock(cluster_id):
+            net = state.networks.get(cluster_id)
+            if net is None:
+                raise ProviderError(f"cluster {cluster_id} has no network yet")
+            wanted = {
+                name: GatewayForward(public_port=t.public_port, address=t.address, port=t.port)
+                for name, t in forwards.items()
+            }
+            if net.egress != egress or net.forwards != wanted:
+                async with self._state_lock:
+                    net.egress = egress
+                    net.forwards = wanted
+                    await self._save(state)
+            with _errors(f"firewall rules of cluster {cluster_id}"):
+                await self._apply_rules(net)
 
     async def _save(self, state: ProviderState) -> None:
         with _errors("saving netns provider state"):
@@ -194,8 +243,13 @@ class NetnsNodeProvider(NodeProvider):
             for node_id in node_ids:
                 state.nodes.pop(node_id, None)
             last = not state.members(cluster_id)
-            if last:
-                state.networks.pop(cluster_id, None)
+            gone = state.networks.pop(cluster_id, None) if last else None
+            if gone is not None:
+                # Rules first: a crash after this still has the record, so
+                # the next delete removes the rules again (idempotent).
+                with _errors(f"firewall rules of cluster {cluster_id}"):
+                    await firewall.remove(cluster_id, gone.index)
+                self._applied.pop(cluster_id, None)
             await self._save(state)
             if not last:
                 await self._write_names(state, cluster_id)

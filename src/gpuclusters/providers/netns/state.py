@@ -72,10 +72,29 @@ class NodeRecord:
 
 
 @dataclass(slots=True)
+class GatewayForward:
+    """A gateway port of the cluster (see ``linux.firewall``)."""
+
+    public_port: int
+    address: str
+    port: int
+
+
+@dataclass(slots=True)
 class ClusterNetwork:
     cluster_id: str
     index: int
     bridge: str
+    # Reaching out through NAT on the host, and the gateway's ports by name
+    # ("ssh", "kubernetes"); the firewall is rebuilt from these after a
+    # host reboot.
+    egress: bool = False
+    forwards: dict[str, GatewayForward] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterNetwork:
+        forwards = {k: GatewayForward(**v) for k, v in data.pop("forwards", {}).items()}
+        return cls(**data, forwards=forwards)
 
 
 class StateError(RuntimeError):
@@ -101,7 +120,9 @@ class ProviderState:
             raise StateError(f"{path}: unsupported version {data.get('version')!r}")
         return cls(
             nodes={k: NodeRecord(**v) for k, v in data.get("nodes", {}).items()},
-            networks={k: ClusterNetwork(**v) for k, v in data.get("networks", {}).items()},
+            networks={
+                k: ClusterNetwork.from_json(dict(v)) for k, v in data.get("networks", {}).items()
+            },
         )
 
     def save(self, path: Path) -> None:

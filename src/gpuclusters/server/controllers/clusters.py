@@ -31,6 +31,8 @@ from gpuclusters.core.enums import (
     VolumeStatus,
 )
 from gpuclusters.core.errors import CapacityUnavailableError
+from gpuclusters.core.nodeshell import GatewayTarget
+from gpuclusters.layers.base import ClusterRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, work_probe
@@ -40,6 +42,7 @@ from gpuclusters.server.db.allocation import (
     placement_guard,
     spare_hosts,
 )
+from gpuclusters.server.db.gateway import assign_ports
 from gpuclusters.server.db.models import Cluster, ClusterPhase, Node, Volume, utcnow
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
@@ -288,7 +291,7 @@ class ClusterReconciler(SteppedReconciler):
         """One transition; True if something changed."""
         async with self.ctx.sessionmaker() as session:
             cluster, nodes = await self._load(session, row_id)
-            ref = await load_cluster_ref(session, cluster)
+            ref = await load_cluster_ref(session, cluster, self.rt)
         status = S(cluster.status)
         layer = self.rt.layer_for(cluster.cluster_type)
 
@@ -320,6 +323,7 @@ class ClusterReconciler(SteppedReconciler):
         if status is S.WAITING_FOR_CONTROL_PLANE:
             if not await layer.ensure_control_plane(ref):
                 return False
+            await self._open_gateway(row_id, token, ref)
             self.ctx.hints.notify(hints.NODES)  # nodes waiting to join can go now
             return await self._transition(row_id, token, S.WAITING_FOR_VOLUME)
 
@@ -370,6 +374,7 @@ class ClusterReconciler(SteppedReconciler):
             # plane is really there (daemons restarted, service nodes rebuilt).
             if not await layer.ensure_control_plane(ref):
                 return False
+            await self._open_gateway(row_id, token, ref)
             self._verified.add(row_id)
             return True
 
@@ -378,6 +383,7 @@ class ClusterReconciler(SteppedReconciler):
         ):
             generation = cluster.config_generation
             await layer.apply_config(ref)
+            await self._open_gateway(row_id, token, ref)  # egress may have changed
             async with self.ctx.sessionmaker() as session:
                 await leases.fence(
                     session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
@@ -396,6 +402,31 @@ class ClusterReconciler(SteppedReconciler):
                 row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
             )
         return False
+
+    async def _open_gateway(self, row_id: str, token: str, ref: ClusterRef) -> None:
+        """The cluster's gateway ports (given now to clusters made before
+        there were any) forwarded to where its layer says, and its egress;
+        idempotent, and cheap when nothing changed."""
+        access = self.rt.node_access
+        if access is None:
+            return
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            cluster = await session.get_one(Cluster, row_id)
+            settings = self.rt.settings
+            if await assign_ports(
+                session, cluster, host=settings.gateway_host, port_range=settings.gateway_port_range
+            ):
+                await session.commit()
+            public = {"ssh": cluster.ssh_port, "kubernetes": cluster.kubernetes_port}
+            egress = cluster.egress
+        targets = await self.rt.layer_for(ref.cluster_type).gateway_targets(ref)
+        forwards = {
+            name: GatewayTarget(public_port=port, address=address, port=target_port)
+            for name, (address, target_port) in targets.items()
+            if (port := public.get(name)) is not None
+        }
+        await access.ensure_gateway(cluster_id=ref.cluster_id, egress=egress, forwards=forwards)
 
     async def _was_ready(self, row_id: str) -> bool:
         async with self.ctx.sessionmaker() as session:

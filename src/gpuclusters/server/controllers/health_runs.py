@@ -127,7 +127,7 @@ class HealthRunReconciler(Reconciler):
             node = await session.get(Node, run.node_id)
             cluster = await session.get_one(Cluster, run.cluster_id)
             host = await session.get(Host, node.host_id) if node and node.host_id else None
-            cref = await load_cluster_ref(session, cluster)
+            cref = await load_cluster_ref(session, cluster, self.rt)
             await leases.fence(session, HealthRun, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
             run.state, run.started_at = "running", utcnow()
             await session.commit()

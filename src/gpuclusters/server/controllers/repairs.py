@@ -1,6 +1,10 @@
 """Repair reconciler: carries out approved remediations, one step at a time.
 
-pending -> running: ``cordoning`` (the orchestrators stop placing work
+pending -> running: an automatic repair no person has approved starts only
+once it has settled and the cluster as a whole is within the unhealthy
+limit (``alerts.start_decision``, decided and recorded in one fenced
+transaction); over the limit it goes back to ``pending_approval``.
+Then ``cordoning`` (the orchestrators stop placing work
 there; our drain reason) -> ``draining`` (job protection: wait for the node
 to be idle, up to the cluster's ``repair_max_wait_s`` (default 2 h), then
 drain, which requeues Slurm jobs and evicts pods; ``-1`` never interrupts
@@ -27,9 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuclusters.core.capacity.placement import place_nodes
 from gpuclusters.core.enums import HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
-from gpuclusters.core.health.rules import RepairAction
+from gpuclusters.core.health.rules import RepairAction, Verdict
 from gpuclusters.layers.base import ClusterRef, NodeRef
 from gpuclusters.server.controllers import hints, leases
+from gpuclusters.server.controllers.alerts import start_decision
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
 from gpuclusters.server.db.allocation import host_slots
@@ -101,7 +106,7 @@ class RepairReconciler(SteppedReconciler):
             node = await session.get(Node, rem.node_id)
             cluster = await session.get_one(Cluster, rem.cluster_id)
             host = await session.get(Host, node.host_id) if node and node.host_id else None
-            cref = await load_cluster_ref(session, cluster)
+            cref = await load_cluster_ref(session, cluster, self.rt)
         layer = self.rt.layer_for(cluster.cluster_type)
 
         if rem.state == "cancelled":
@@ -123,6 +128,8 @@ class RepairReconciler(SteppedReconciler):
         action = A(rem.action)
 
         if rem.state == "pending":
+            if rem.trigger == "automated" and rem.reviewed_by is None:
+                return await self._start_automatic(row_id, token)
             if node.phase != P.RUNNING.value:
                 return False  # e.g. still booting; repaired once it runs
             return await self._save(
@@ -170,6 +177,38 @@ class RepairReconciler(SteppedReconciler):
             await self._finish(row_id, token, rem, node)
             return True
         return False
+
+    async def _start_automatic(self, row_id: str, token: str) -> bool:
+        """Start an automatic repair no person has approved, or hold it for
+        one: decided with the cluster's unhealthy nodes counted as a set,
+        once it has settled (``alerts.start_decision``). The count and the
+        new state are one transaction, so a fault another heartbeat records
+        meanwhile is either counted here or holds this repair itself
+        (``alerts.hold_if_paused`` changes only repairs still ``pending``)."""
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(
+                session, Remediation, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
+            rem = await session.get_one(Remediation, row_id)
+            node = await session.get_one(Node, rem.node_id)
+            if rem.state != "pending" or rem.reviewed_by is not None:
+                await session.commit()
+                # Held, approved or cancelled meanwhile: the next pass takes
+                # it from there (a cancelled one must not look cordoned).
+                return False
+            decision = await start_decision(session, rt=self.rt, rem=rem, node=node)
+            now = utcnow()
+            if decision.verdict is Verdict.HOLD:
+                rem.state, rem.message, rem.updated_at = "pending_approval", decision.reason, now
+            elif decision.verdict is Verdict.WAIT or node.phase != P.RUNNING.value:
+                await session.commit()
+                return False  # settling, or e.g. still booting: repaired once it runs
+            else:
+                rem.state, rem.step, rem.started_at = "running", "cordoning", now
+                rem.step_changed_at = rem.updated_at = now
+                rem.message = ""
+            await session.commit()
+        return True
 
     async def _node(self, row_id: str, token: str, node_id: str, **fields: object) -> None:
         async with self.ctx.sessionmaker() as session:

@@ -67,7 +67,7 @@ async def cluster_credentials(
             f"cluster {cluster_name} is {cluster.status}, not ready; "
             "credentials are issued once it is ready"
         )
-    cref = await load_cluster_ref(session, cluster)
+    cref = await load_cluster_ref(session, cluster, rt)
     layer = rt.layer_for(cluster.cluster_type)
     await session.rollback()  # read-only so far; hold no transaction while the layer works
 

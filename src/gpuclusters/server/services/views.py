@@ -171,6 +171,17 @@ async def cluster_views(
                     automatic=[k for k in c.repair_automatic.split(",") if k],
                     max_wait_s=c.repair_max_wait_s,
                 ),
+                egress=c.egress,
+                ssh_endpoint=(
+                    api.Endpoint(host=c.gateway_host, port=c.ssh_port)
+                    if c.gateway_host and c.ssh_port
+                    else None
+                ),
+                kubernetes_endpoint=(
+                    f"https://{_url_host(c.gateway_host)}:{c.kubernetes_port}"
+                    if c.gateway_host and c.kubernetes_port
+                    else None
+                ),
                 phase_history=[
                     api.PhaseTransition(phase=p.phase, timestamp=p.timestamp, message=p.message)
                     for p in phases[c.id]
@@ -182,6 +193,10 @@ async def cluster_views(
             )
         )
     return out
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 async def cluster_view(session: AsyncSession, cluster: Cluster, *, project: Project) -> api.Cluster:

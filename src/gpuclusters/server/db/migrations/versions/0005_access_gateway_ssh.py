@@ -20,6 +20,7 @@ LIVE = sa.text("deleted_at IS NULL")
 
 def upgrade() -> None:
     with op.batch_alter_table("clusters", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("gateway_host", sa.String(length=253), nullable=True))
         batch_op.add_column(sa.Column("ssh_port", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("kubernetes_port", sa.Integer(), nullable=True))
         batch_op.add_column(
@@ -80,3 +81,4 @@ def downgrade() -> None:
         batch_op.drop_column("egress")
         batch_op.drop_column("kubernetes_port")
         batch_op.drop_column("ssh_port")
+        batch_op.drop_column("gateway_host")
