@@ -299,12 +299,14 @@ def test_create_maps_flags_to_the_request_body(api: FakeApi) -> None:
         "2025-02-03T00:00:00Z",
         "--volume-size-tib",
         "2",
+        "--no-egress",
         "-o",
         "json",
     )
 
     assert result.exit_code == 0, result.output
     assert json.loads(api.requests[0].content) == {
+        "egress": False,
         "name": "train",
         "cluster_type": "kubernetes",
         "gpu_type": "H100_SXM",
@@ -431,19 +433,20 @@ def test_cli_import_does_not_load_the_server() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_ssh_execs_the_command_line_the_server_gives(
+def test_ssh_as_root_execs_the_command_line_the_server_gives(
     api: FakeApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = {"cluster": "train", "node": "train-login", "user": "alice", "argv": ["true", "x"]}
+    # The operator's path; the default (SSH with a certificate) is in test_cli_ssh.py.
+    target = {"cluster": "train", "node": "n1", "user": "root", "argv": ["true", "x"]}
     api.on("POST", "/v1/projects/default/clusters/train/ssh", ok(target))
     execs: list[tuple[str, list[str]]] = []
     monkeypatch.setattr("os.execvp", lambda f, argv: execs.append((f, list(argv))))
-    result = run("clusters", "ssh", "train", "--node", "n1", "--", "sinfo", "-N")
+    result = run("clusters", "ssh", "train", "--as-root", "--node", "n1", "--", "sinfo", "-N")
     assert result.exit_code == 0, result.output
     assert execs == [("true", ["true", "x"])]
     sent = api.requests[-1]
     assert sent.url.params["node"] == "n1"
-    assert json.loads(sent.content) == {"command": ["sinfo", "-N"]}
+    assert json.loads(sent.content) == {"command": ["sinfo", "-N"], "as_root": True}
 
 
 def test_configure_sends_files_and_keeps_other_settings(api: FakeApi, tmp_path: Path) -> None:

@@ -79,7 +79,13 @@ class ServerHandle:
     """One server process on a fixed home and port (across restarts)."""
 
     def __init__(
-        self, home: Path, log_path: Path, *, boot_delay_s: float, provider: str = "fake"
+        self,
+        home: Path,
+        log_path: Path,
+        *,
+        boot_delay_s: float,
+        provider: str = "fake",
+        public_host: str | None = None,
     ) -> None:
         self.provider = provider
         self.home = home
@@ -93,7 +99,13 @@ class ServerHandle:
             GPUCLUSTERS_HOUSEKEEPING_INTERVAL_S="1",
             # Acceptance tests are off in tests (tests that want them say so).
             GPUCLUSTERS_ACCEPTANCE_CHECKS="[]",
+            # The API over TLS only where a test asks for it (its port is shared).
+            GPUCLUSTERS_TLS="off",
         )
+        if public_host is not None:
+            # Gateway ports on an address of the tests' own, never the
+            # machine's primary address.
+            self.env["GPUCLUSTERS_PUBLIC_HOST"] = public_host
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -262,12 +274,23 @@ class Servers:
         self.handles: list[ServerHandle] = []
 
     def __call__(
-        self, *, boot_delay_s: float = 0.2, start: bool = True, provider: str = "fake"
+        self,
+        *,
+        boot_delay_s: float = 0.2,
+        start: bool = True,
+        provider: str = "fake",
+        public_host: str | None = None,
     ) -> ServerHandle:
         n = len(self.handles)
         home = self.root / f"home{n}"
+        if public_host is None and provider == "netns":
+            public_host = test_gateway()
         handle = ServerHandle(
-            home, self.root / f"server{n}.log", boot_delay_s=boot_delay_s, provider=provider
+            home,
+            self.root / f"server{n}.log",
+            boot_delay_s=boot_delay_s,
+            provider=provider,
+            public_host=public_host,
         )
         self.handles.append(handle)
         if start:
@@ -304,6 +327,26 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
         servers.close()
 
 
+TEST_GATEWAY_LINK = "gpctgw0"
+TEST_GATEWAY = "10.230.0.1"
+
+
+def test_gateway() -> str:
+    """An address of this machine that only tests use, on a dummy link
+    (made once, idempotent): the public host of netns servers in tests, so
+    gateway traffic never goes to the machine's real addresses."""
+    have = subprocess.run(
+        ["ip", "-br", "addr", "show", "dev", TEST_GATEWAY_LINK], capture_output=True, text=True
+    )
+    if TEST_GATEWAY not in have.stdout:
+        subprocess.run(["ip", "link", "add", TEST_GATEWAY_LINK, "type", "dummy"], check=False)
+        subprocess.run(
+            ["ip", "addr", "replace", f"{TEST_GATEWAY}/32", "dev", TEST_GATEWAY_LINK], check=True
+        )
+        subprocess.run(["ip", "link", "set", TEST_GATEWAY_LINK, "up"], check=True)
+    return TEST_GATEWAY
+
+
 def cleanup_netns(home: Path) -> None:
     """Safety net for tests on the netns provider: remove every node and
     service node the provider recorded under ``home``, whatever state the
@@ -330,3 +373,10 @@ def cleanup_netns(home: Path) -> None:
         await provider.close()
 
     asyncio.run(run())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_gateway() -> Iterator[None]:
+    """The tests' gateway link goes with the session."""
+    yield
+    subprocess.run(["ip", "link", "del", TEST_GATEWAY_LINK], capture_output=True, check=False)

@@ -27,7 +27,7 @@ import typer
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from gpuclusters.cli import context, kubefile
+from gpuclusters.cli import context, kubefile, ssh_keys
 from gpuclusters.cli.context import OutputFormat, OutputOpt, ProjectOpt, api_command, open_client
 from gpuclusters.cli.nodes import nodes_table
 from gpuclusters.cli.progress import WaitProgress
@@ -123,6 +123,14 @@ def cluster_detail(c: Cluster) -> RenderableType:
             ("volume", optional(c.volume)),
             ("cuda / driver", f"{optional(c.cuda_version)} / {optional(c.driver_version)}"),
             ("nodes", node_summary(c.nodes)),
+            (
+                "ssh",
+                f"ssh -p {c.ssh_endpoint.port} USER@{c.ssh_endpoint.host}"
+                if c.ssh_endpoint
+                else "-",
+            ),
+            ("kubernetes api", optional(c.kubernetes_endpoint)),
+            ("egress", "on" if c.egress else "off"),
             ("created", f"{clock(c.created_at)} ({age(c.created_at)} ago)"),
         ]
     )
@@ -194,6 +202,13 @@ def create(
     driver_version: Annotated[
         str | None, typer.Option("--driver-version", show_default=False)
     ] = None,
+    egress: Annotated[
+        bool,
+        typer.Option(
+            "--egress/--no-egress",
+            help="let nodes reach networks outside the machine (pip install, image pulls)",
+        ),
+    ] = True,
     wait: Annotated[bool, typer.Option("--wait", help="wait until ready (or failed)")] = False,
     wait_timeout: WaitTimeoutOpt = None,
     project: ProjectOpt = None,
@@ -207,6 +222,7 @@ def create(
         "num_gpus": gpus,
         "num_preemptible_gpus": preemptible_gpus,
         "billing_type": BILLING_TYPES[billing].value,
+        "egress": egress,
     }
     if queue:
         spec["queue_if_unavailable"] = True
@@ -355,21 +371,50 @@ def ssh(
     *,
     node: Annotated[
         str | None,
-        typer.Option("--node", help="a node by name (default: the login node)", show_default=False),
+        typer.Option(
+            "--node",
+            help="a node by name, reached through the login node (default: the login node)",
+            show_default=False,
+        ),
     ] = None,
+    as_root: Annotated[
+        bool,
+        typer.Option(
+            "--as-root",
+            help="operators on the server machine: a root shell in the node, entered "
+            "directly (no SSH; organization admins only)",
+        ),
+    ] = False,
     project: ProjectOpt = None,
 ) -> None:
-    """Open a shell (or run CMD) on the login node or a named node, as your own
-    Unix account on the cluster: `gpuclusters clusters ssh demo -- sinfo`."""
+    """Log in to a cluster over SSH as your own Unix account, or run CMD
+    there: `gpuclusters clusters ssh demo -- sinfo`.
+
+    The CLI makes a throwaway key, has the server sign it (a short-lived
+    certificate) and runs your system ssh to the cluster's login node (with
+    --node, on through it to that node); the key is removed afterwards and
+    ssh's exit status is passed on. Stdin is passed on too:
+    `gpuclusters clusters ssh demo -- sbatch < job.sh`. Host certificates are
+    checked against $GPUCLUSTERS_HOME/known_hosts.
+
+    --as-root is the operator's path instead: on the server machine itself,
+    a root shell entered directly into the node's namespaces."""
+    if as_root:
+        with open_client(project) as client:
+            target = client.clusters.ssh_target(
+                name, node=node, command=list(command or []), as_root=True
+            )
+        if shutil.which(target.argv[0]) is None:
+            raise typer.BadParameter(f"{target.argv[0]} is not installed here", param_hint="ssh")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Replace this process: exit status, signals and the terminal belong to
+        # the remote command from here on.
+        os.execvp(target.argv[0], target.argv)
+        return
     with open_client(project) as client:
-        target = client.clusters.ssh_target(name, node=node, command=list(command or []))
-    if shutil.which(target.argv[0]) is None:
-        raise typer.BadParameter(f"{target.argv[0]} is not installed here", param_hint="ssh")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Replace this process: exit status, signals and the terminal belong to
-    # the remote command from here on.
-    os.execvp(target.argv[0], target.argv)
+        status = ssh_keys.certificate_login(client, name, node=node, command=list(command or []))
+    raise typer.Exit(status)
 
 
 def _read_opt_file(path: Path | None) -> str | None:
@@ -416,12 +461,20 @@ def configure(
             show_default=False,
         ),
     ] = None,
+    egress: Annotated[
+        bool | None,
+        typer.Option(
+            "--egress/--no-egress",
+            help="let nodes reach networks outside the machine, or not (applied live)",
+            show_default=False,
+        ),
+    ] = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Change a cluster's own settings: Slurm's (the running cluster is
-    reconfigured live) and the repair policy. Settings not given keep their
-    current value."""
+    reconfigured live), the repair policy and egress. Settings not given
+    keep their current value."""
     with open_client(project) as client:
         current = client.clusters.get(name)
         body: dict[str, Any] = {}
@@ -441,6 +494,8 @@ def configure(
             if repair_max_wait is not None:
                 repair["max_wait_s"] = repair_max_wait
             body["repair"] = repair
+        if egress is not None:
+            body["egress"] = egress
         if not body:
             raise typer.BadParameter("give at least one setting to change")
         cluster = client.clusters.update(name, body)

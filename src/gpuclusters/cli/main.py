@@ -12,7 +12,18 @@ from typing import Annotated
 import typer
 
 from gpuclusters import __version__
-from gpuclusters.cli import capacity, clusters, health, nodes, org, server, usage, volumes
+from gpuclusters.cli import (
+    capacity,
+    clusters,
+    health,
+    login,
+    nodes,
+    org,
+    server,
+    ssh_keys,
+    usage,
+    volumes,
+)
 
 app = typer.Typer(
     name="gpuclusters",
@@ -34,9 +45,12 @@ app.add_typer(health.repairs_app, name="repairs")
 nodes.app.command("inject-fault")(health.inject_fault)
 app.add_typer(org.projects_app, name="projects")
 app.add_typer(org.api_keys_app, name="api-keys")
+app.add_typer(ssh_keys.app, name="ssh-keys")
+app.add_typer(org.users_app, name="users")
 app.add_typer(org.gpu_types_app, name="gpu-types")
 app.add_typer(org.regions_app, name="regions")
 app.command("whoami")(org.whoami)
+app.command("login")(login.login)
 app.command("server")(server.server)
 app.command("up")(server.up)
 

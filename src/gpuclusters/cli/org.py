@@ -1,9 +1,11 @@
-"""Organization-level commands: projects, api-keys, hosts, gpu-types, regions, whoami.
+"""Organization-level commands: projects, api-keys, users, hosts, gpu-types, regions, whoami.
 
 None of these is project-scoped, so none takes ``--project`` (``api-keys
-create`` names its project explicitly). ``api-keys create`` prints the new
-secret on stdout, which is the only time the server ever reveals it, and
-says so on stderr.
+create`` names its project explicitly), except ``projects members ...``,
+which acts in the configured project unless ``--project`` names one.
+``api-keys create`` prints the new secret on stdout, which is the only time
+the server ever reveals it, and says so on stderr. ``users delete`` and
+``projects members remove`` ask no confirmation (they are for scripts too).
 """
 
 from __future__ import annotations
@@ -18,25 +20,64 @@ from rich.text import Text
 from gpuclusters.cli.context import (
     OutputFormat,
     OutputOpt,
+    ProjectOpt,
     api_command,
     open_client,
     stderr_console,
 )
-from gpuclusters.cli.render import age, details, emit, optional, table
+from gpuclusters.cli.render import age, clock, details, emit, optional, table
 from gpuclusters.core.enums import HostState, ProjectRole
-from gpuclusters.core.models import ApiKeyCreated, GpuType, Host, Project, Region, WhoAmI
+from gpuclusters.core.models import (
+    ApiKeyCreated,
+    GpuType,
+    Host,
+    Project,
+    ProjectMember,
+    Region,
+    User,
+    WhoAmI,
+)
 
 projects_app = typer.Typer(help="Projects you belong to.", no_args_is_help=True)
 api_keys_app = typer.Typer(help="Issue API keys.", no_args_is_help=True)
 hosts_app = typer.Typer(help="The fleet of hosts (org admins).", no_args_is_help=True)
 gpu_types_app = typer.Typer(help="GPU types on offer.", no_args_is_help=True)
 regions_app = typer.Typer(help="Regions.", no_args_is_help=True)
+members_app = typer.Typer(help="Members of a project.", no_args_is_help=True)
+users_app = typer.Typer(help="The organization's users (org admins).", no_args_is_help=True)
+projects_app.add_typer(members_app, name="members")
 
 
 def projects_table(projects: Sequence[Project]) -> RenderableType:
     t = table("NAME", "ROLE", "DESCRIPTION", "AGE")
     for p in projects:
         t.add_row(p.name, optional(p.role), p.description, age(p.created_at))
+    return t
+
+
+def members_table(members: Sequence[ProjectMember]) -> RenderableType:
+    t = table("USER", "ROLE", "UID")
+    for m in members:
+        t.add_row(m.user, m.role.value, optional(m.uid))
+    return t
+
+
+def users_table(users: Sequence[User]) -> RenderableType:
+    deleted = any(u.deleted_at is not None for u in users)
+    columns = ["NAME", "UID", "ORG_ADMIN", "PROJECTS", "AGE"] + (["DELETED"] if deleted else [])
+    t = table(*columns)
+    for u in users:
+        projects = ", ".join(f"{name} ({role.value})" for name, role in sorted(u.projects.items()))
+        row = [
+            u.name,
+            optional(u.uid),
+            "yes" if u.is_admin else "no",
+            projects or "-",
+            age(u.created_at),
+        ]
+        if deleted:
+            row.append(clock(u.deleted_at) if u.deleted_at else "-")
+        t.add_row(*row)
     return t
 
 
@@ -130,6 +171,71 @@ def projects_create(
     with open_client() as client:
         project = client.projects.create({"name": name, "description": description})
     emit(output, project, render=lambda: projects_table([project]))
+
+
+@members_app.command("list")
+@api_command
+def members_list(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """List the project's members, their roles and Unix uids."""
+    with open_client(project) as client:
+        members = client.projects.members()
+    emit(output, members, render=lambda: members_table(members), empty="no members")
+
+
+@members_app.command("remove")
+@api_command
+def members_remove(
+    user: Annotated[str, typer.Argument(help="user name (see `projects members list`)")],
+    *,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Remove a user from the project (project or org admins). They can no
+    longer log in to its clusters (within a minute); their files stay."""
+    with open_client(project) as client:
+        removed = client.projects.remove_member(user)
+        name = client.project
+    emit(
+        output,
+        removed,
+        render=lambda: Text(f"removed {removed.user} ({removed.role.value}) from project {name}"),
+    )
+
+
+@users_app.command("list")
+@api_command
+def users_list(
+    *,
+    include_deleted: Annotated[
+        bool, typer.Option("--include-deleted", help="also list deleted users")
+    ] = False,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """List the organization's users, their uids and projects."""
+    with open_client() as client:
+        users = client.users.list(include_deleted=include_deleted)
+    emit(output, users, render=lambda: users_table(users), empty="no users")
+
+
+@users_app.command("delete")
+@api_command
+def users_delete(
+    name: Annotated[str, typer.Argument(help="user name (see `users list`)")],
+    *,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Delete a user: revoke their API keys and SSH keys and remove them from
+    every project. Their uid and name are never reused; their files stay."""
+    with open_client() as client:
+        user = client.users.delete(name)
+    emit(
+        output,
+        user,
+        render=lambda: Text(
+            f"deleted user {user.name}: API keys revoked, SSH keys removed, no longer a "
+            f"member of any project; uid {optional(user.uid)} stays reserved"
+        ),
+    )
 
 
 @api_keys_app.command("create")

@@ -6,6 +6,10 @@ entry point from the CLI into the server. Options left unset are passed as
 ``None`` so that the server's own settings (and their defaults: 127.0.0.1,
 8470, fake) decide; the server also validates ``--provider`` against the
 providers it has, so the CLI keeps no list of its own to drift.
+
+``--public-host`` (``GPUCLUSTERS_PUBLIC_HOST``) names where users reach this
+machine; with it the server also serves the API over TLS (README, "API over
+TLS"). It is passed on only when set (the server reads the same variable).
 """
 
 from __future__ import annotations
@@ -31,7 +35,26 @@ PortOpt = Annotated[
         help="port to listen on (default: 8470)",
     ),
 ]
+PublicHostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--public-host",
+        envvar="GPUCLUSTERS_PUBLIC_HOST",
+        show_default=False,
+        help="the name or address users reach this server (and clusters) on; turns on the "
+        "API over TLS (default: no TLS, gateways on this machine's primary address)",
+    ),
+]
 EMBEDDED_PROVIDER = "netns"
+
+
+def _run(**options: object) -> None:
+    """Call the server's ``run`` with the options set; an unset
+    ``public_host`` is left out, so the server's settings decide."""
+    if options.get("public_host") is None:
+        options.pop("public_host", None)
+    module = importlib.import_module(SERVER_MODULE)
+    module.run(**options)
 
 
 @api_command
@@ -56,16 +79,17 @@ def server(
             help="where nodes run: fake or netns (default: fake)",
         ),
     ] = None,
+    public_host: PublicHostOpt = None,
 ) -> None:
     """Run the gpuclusters API server (and its controllers) in the foreground."""
-    module = importlib.import_module(SERVER_MODULE)
-    module.run(host=host, port=port, provider=provider)
+    _run(host=host, port=port, provider=provider, public_host=public_host)
 
 
 @api_command
 def up(
     *,
     port: PortOpt = None,
+    public_host: PublicHostOpt = None,
 ) -> None:
     """Start gpuclusters on the embedded fleet (nodes made of Linux
     namespaces on this machine) and say what to do next. Needs root.
@@ -75,5 +99,4 @@ def up(
             "the embedded fleet makes Linux namespaces, which needs root (try sudo)",
             param_hint="up",
         )
-    module = importlib.import_module(SERVER_MODULE)
-    module.run(host=None, port=port, provider=EMBEDDED_PROVIDER, announce=True)
+    _run(host=None, port=port, provider=EMBEDDED_PROVIDER, public_host=public_host, announce=True)

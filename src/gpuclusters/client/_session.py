@@ -8,7 +8,9 @@ and never touch httpx themselves, so the rules below hold everywhere:
   (a proxy's HTML page, FastAPI's default ``{"detail": ...}``) is mapped by
   HTTP status onto the same hierarchy;
 * transport failures become :class:`ConnectionFailedError`, raised ``from``
-  the httpx exception and naming the URL that could not be reached;
+  the httpx exception and naming the URL that could not be reached; a
+  server certificate that does not verify becomes :class:`UntrustedServerError`,
+  which says how to trust the server's CA;
 * 2xx bodies are validated into the pydantic models of
   :mod:`gpuclusters.core.models`; a body that does not fit raises
   :class:`UnexpectedResponseError` instead of a pydantic error.
@@ -16,7 +18,9 @@ and never touch httpx themselves, so the rules below hold everywhere:
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -26,6 +30,7 @@ from pydantic import BaseModel
 
 from gpuclusters import __version__
 from gpuclusters.client.errors import ConnectionFailedError, UnexpectedResponseError
+from gpuclusters.core.clientconfig import ClientConfigError
 from gpuclusters.core.errors import (
     AuthenticationError,
     ConflictError,
@@ -50,6 +55,44 @@ _BY_STATUS: dict[int, type[GpuClustersError]] = {
     409: ConflictError,
     422: ValidationError,
 }
+
+
+TRUST_HINT = (
+    "trust its CA with `gpuclusters login --ca-file FILE` or `--ca-fingerprint SHA256`, "
+    "or set GPUCLUSTERS_CA_FILE"
+)
+
+
+class UntrustedServerError(ConnectionFailedError):
+    """The server's TLS certificate does not verify (unknown CA, another
+    name), or its CA is not the one the user was told about."""
+
+    code = "untrusted_server"
+
+
+def ssl_context(ca_file: str | Path | None) -> ssl.SSLContext:
+    """How https servers are verified: against the CA certificate(s) in
+    ``ca_file`` alone, or the system's trust store when it is ``None``."""
+    if ca_file is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except FileNotFoundError as exc:
+        raise ClientConfigError(f"ca_file {ca_file}: no such file", field="ca_file") from exc
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ClientConfigError(
+            f"ca_file {ca_file} is not a PEM CA certificate: {exc}", field="ca_file"
+        ) from exc
+
+
+def _tls_failure(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind an httpx transport error, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def quote_name(name: str) -> str:
@@ -118,6 +161,21 @@ class Session:
                 f"the gpuclusters server at {self.url} did not answer in time ({method} {path})"
             ) from exc
         except httpx.TransportError as exc:
+            tls_error = _tls_failure(exc)
+            # reason and verify_message are set by OpenSSL's errors only.
+            reason = getattr(tls_error, "verify_message", None) or getattr(
+                tls_error, "reason", None
+            )
+            if isinstance(tls_error, ssl.SSLCertVerificationError):
+                raise UntrustedServerError(
+                    f"the server at {self.url} has a TLS certificate this client does not "
+                    f"trust ({reason or tls_error}); {TRUST_HINT}"
+                ) from exc
+            if tls_error is not None:
+                raise ConnectionFailedError(
+                    f"TLS with {self.url} failed ({reason or tls_error}): "
+                    "is it an https:// address of a gpuclusters server?"
+                ) from exc
             raise ConnectionFailedError(
                 f"could not reach the gpuclusters server at {self.url}: "
                 f"{str(exc) or type(exc).__name__}"
@@ -201,13 +259,31 @@ def make_http(
     *,
     timeout: float,
     transport: httpx.BaseTransport | None,
+    ca_file: str | Path | None = None,
+    verify: bool = True,
 ) -> httpx.Client:
+    """An httpx client for ``url``. https is verified with :func:`ssl_context`
+    (``ca_file``, else the system store) unless ``verify`` is false (used only
+    to fetch a CA whose fingerprint is then checked)."""
     headers = {"Accept": "application/json", "User-Agent": f"gpuclusters-client/{__version__}"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    tls: ssl.SSLContext | bool = verify
+    if verify and transport is None and url.lower().startswith("https:"):
+        tls = ssl_context(ca_file)
     return httpx.Client(
-        base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport, verify=tls
     )
 
 
-__all__ = ["Query", "Session", "body_of", "error_from_response", "make_http", "quote_name"]
+__all__ = [
+    "TRUST_HINT",
+    "Query",
+    "Session",
+    "UntrustedServerError",
+    "body_of",
+    "error_from_response",
+    "make_http",
+    "quote_name",
+    "ssl_context",
+]

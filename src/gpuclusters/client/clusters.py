@@ -37,6 +37,7 @@ from gpuclusters.core.models import (
     ClusterCreate,
     ClusterCredentials,
     ClusterUpdate,
+    SshCertificate,
     SshTarget,
 )
 
@@ -93,16 +94,43 @@ class ClustersAPI:
         )
 
     def ssh_target(
-        self, name: str, *, node: str | None = None, command: builtins.list[str] | None = None
+        self,
+        name: str,
+        *,
+        node: str | None = None,
+        command: builtins.list[str] | None = None,
+        as_root: bool = False,
     ) -> SshTarget:
-        """Where (and as which Unix account) the caller's shell on the
-        cluster runs; on the embedded fleet ``argv`` is a local command."""
+        """The operator's path on the server machine: a local command line
+        (``argv``) into the login node or ``node``, as the caller's own Unix
+        account, or as root with ``as_root`` (organization admins). Users
+        log in over SSH instead: :meth:`ssh_certificate`."""
         return self._s.send(
             "POST",
             self._s.project_path("clusters", name, "ssh"),
             model=SshTarget,
             params={"node": node},
-            json={"command": command or []},
+            json={"command": command or [], "as_root": as_root},
+        )
+
+    def ssh_certificate(
+        self, name: str, *, public_key: str, node: str | None = None
+    ) -> SshCertificate:
+        """Sign ``public_key`` (an OpenSSH public key line) for the caller's
+        own Unix account on the cluster. The answer says where to connect
+        (``host``, ``port``: the cluster's login node), the ``@cert-authority``
+        known_hosts line that authenticates it, and, with ``node``, the
+        ``node_host`` to jump on to from the login node. Raises
+        :class:`InvalidStateError` while the cluster is not ready or has no
+        SSH endpoint."""
+        body: dict[str, str] = {"public_key": public_key}
+        if node is not None:
+            body["node"] = node
+        return self._s.send(
+            "POST",
+            self._s.project_path("clusters", name, "ssh-certificate"),
+            model=SshCertificate,
+            json=body,
         )
 
     def credentials(self, name: str, *, context_name: str | None = None) -> ClusterCredentials:

@@ -1,7 +1,8 @@
-"""Organization-level groups: projects, API keys, hosts and the catalog.
+"""Organization-level groups: projects, API keys, users, hosts and the catalog.
 
 These paths are not under ``/v1/projects/{project}``, so they ignore the
-client's project.
+client's project; only ``ProjectsAPI.members`` and ``remove_member`` address
+a project (the client's, unless one is named).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from gpuclusters.client._session import Session, body_of
+from gpuclusters.client._session import Session, body_of, quote_name
 from gpuclusters.core.models import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -20,7 +21,9 @@ from gpuclusters.core.models import (
     Host,
     Project,
     ProjectCreate,
+    ProjectMember,
     Region,
+    User,
 )
 
 
@@ -36,6 +39,19 @@ class ProjectsAPI:
         """Org admins only; the caller becomes the project's admin."""
         return self._s.send("POST", "/v1/projects", model=Project, json=body_of(spec))
 
+    def _members_path(self, project: str | None, *parts: str) -> str:
+        segments = [quote_name(project or self._s.project), "members"]
+        return "/v1/projects/" + "/".join(segments + [quote_name(p) for p in parts])
+
+    def members(self, project: str | None = None) -> builtins.list[ProjectMember]:
+        """The members of ``project`` (default: the client's project)."""
+        return self._s.get_list(self._members_path(project), ProjectMember)
+
+    def remove_member(self, user: str, project: str | None = None) -> ProjectMember:
+        """Remove ``user`` from ``project`` (project or org admins); returns the
+        removed membership. ``invalid_state`` for the project's last admin."""
+        return self._s.send("DELETE", self._members_path(project, user), model=ProjectMember)
+
 
 class ApiKeysAPI:
     def __init__(self, session: Session) -> None:
@@ -44,6 +60,24 @@ class ApiKeysAPI:
     def create(self, spec: ApiKeyCreate | Mapping[str, Any]) -> ApiKeyCreated:
         """Issue a key; ``ApiKeyCreated.key`` is the only time the secret is shown."""
         return self._s.send("POST", "/v1/api-keys", model=ApiKeyCreated, json=body_of(spec))
+
+
+class UsersAPI:
+    """The organization's users (org admins only)."""
+
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    def list(self, *, include_deleted: bool = False) -> builtins.list[User]:
+        return self._s.get_list(
+            "/v1/users", User, params={"include_deleted": include_deleted or None}
+        )
+
+    def delete(self, name: str) -> User:
+        """Revoke the user's API keys and SSH keys and remove their memberships;
+        their name and uid are never reused. Refuses yourself and the last
+        org admin (``invalid_state``)."""
+        return self._s.send("DELETE", f"/v1/users/{quote_name(name)}", model=User)
 
 
 class HostsAPI:

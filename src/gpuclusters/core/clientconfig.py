@@ -11,6 +11,11 @@ readable)::
     url = "http://127.0.0.1:8470"
     api_key = "gpc_..."
     project = "default"
+    ca_file = "/home/me/.gpuclusters/ca.pem"   # CA to verify an https url with
+
+``gpuclusters login`` writes ``ca_file`` when the server's certificate is
+signed by a CA of its own: a copy of that CA in ``$GPUCLUSTERS_HOME/ca.pem``
+(:func:`write_ca_file`; a certificate is public, so mode 0644).
 
 The file holds a secret, so it is written with mode 0600: a temporary file is
 created with 0600 in the same directory, filled, fsynced and then renamed over
@@ -34,10 +39,11 @@ from gpuclusters.core.errors import GpuClustersError
 
 ENV_HOME = "GPUCLUSTERS_HOME"
 CONFIG_FILE_NAME = "config.toml"
+CA_FILE_NAME = "ca.pem"
 DEFAULT_URL = "http://127.0.0.1:8470"
 DEFAULT_PROJECT = "default"
 
-_KEYS = ("url", "api_key", "project")
+_KEYS = ("url", "api_key", "project", "ca_file")
 
 
 class ClientConfigError(GpuClustersError):
@@ -53,6 +59,7 @@ class StoredConfig:
     url: str | None = None
     api_key: str | None = None
     project: str | None = None
+    ca_file: str | None = None
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -87,24 +94,22 @@ def read_config(home: Path) -> StoredConfig:
                 f"{path}: {key} must be a string, got {type(value).__name__}", field=key
             )
         values[key] = value or None
-    return StoredConfig(url=values["url"], api_key=values["api_key"], project=values["project"])
+    return StoredConfig(
+        url=values["url"],
+        api_key=values["api_key"],
+        project=values["project"],
+        ca_file=values["ca_file"],
+    )
 
 
-def write_config(home: Path, *, url: str, api_key: str, project: str = DEFAULT_PROJECT) -> Path:
-    """Write ``home/config.toml`` atomically with mode 0600 and return its path.
-
-    ``home`` is created (mode 0700) when missing. An existing file is replaced.
-    """
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = config_path(home)
-    content = tomli_w.dumps({"url": url, "api_key": api_key, "project": project})
-    # mkstemp creates the file with 0600 already; fchmod makes that explicit
-    # and independent of the platform's default.
-    fd, tmp_name = tempfile.mkstemp(dir=home, prefix=".config.", suffix=".toml.tmp")
+def _replace_atomically(path: Path, data: bytes, mode: int) -> None:
+    # mkstemp creates the file with 0600 already; fchmod makes the mode
+    # explicit and independent of the platform's default.
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp_name, path)
@@ -112,4 +117,34 @@ def write_config(home: Path, *, url: str, api_key: str, project: str = DEFAULT_P
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+def write_config(
+    home: Path,
+    *,
+    url: str,
+    api_key: str,
+    project: str = DEFAULT_PROJECT,
+    ca_file: str | None = None,
+) -> Path:
+    """Write ``home/config.toml`` atomically with mode 0600 and return its path.
+
+    ``home`` is created (mode 0700) when missing. An existing file is replaced.
+    ``ca_file`` is written only when given.
+    """
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = config_path(home)
+    values = {"url": url, "api_key": api_key, "project": project}
+    if ca_file:
+        values["ca_file"] = ca_file
+    _replace_atomically(path, tomli_w.dumps(values).encode("utf-8"), 0o600)
+    return path
+
+
+def write_ca_file(home: Path, pem: bytes) -> Path:
+    """Write ``home/ca.pem`` (a CA certificate to trust) atomically with mode
+    0644 and return its path; ``home`` is created (0700) when missing."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / CA_FILE_NAME
+    _replace_atomically(path, pem, 0o644)
     return path

@@ -226,6 +226,29 @@ class ApiKeyCreated(_Out):
     key_prefix: str
 
 
+class ProjectMember(_Out):
+    """A user's membership of a project. ``uid`` is the user's Unix uid on
+    cluster nodes (the same on every node of every cluster)."""
+
+    user: str
+    role: ProjectRole
+    uid: int | None = None
+
+
+class User(_Out):
+    """A user of the organization (``GET /v1/users``, org admins).
+    ``projects`` maps each project the user is a member of to their role;
+    ``deleted_at`` is set once the user is deleted (their name and uid are
+    never reused)."""
+
+    name: str
+    uid: int | None = None
+    is_admin: bool
+    created_at: datetime
+    projects: dict[str, ProjectRole] = Field(default_factory=dict)
+    deleted_at: datetime | None = None
+
+
 class WhoAmI(_Out):
     user: str
     organization: str
@@ -347,6 +370,10 @@ class ClusterCreate(_Model):
     driver_version: str | None = None
     slurm: SlurmSettings | None = Field(default=None, description="Slurm clusters only")
     repair: RepairSettings | None = Field(default=None, description="repair policy")
+    egress: bool = Field(
+        default=True,
+        description="let nodes reach networks outside the machine through NAT on the host",
+    )
 
     _name = field_validator("name")(check_name)
 
@@ -411,6 +438,7 @@ class ClusterUpdate(_Model):
     reservation_end: datetime | None = None
     slurm: SlurmSettings | None = None
     repair: RepairSettings | None = None
+    egress: bool | None = Field(default=None, description="switch nodes' outside access")
 
     @field_validator("num_gpus")
     @classmethod
@@ -448,6 +476,13 @@ class Node(_Out):
     gpu_backend: str | None = Field(default=None, description="nvml or simulated")
 
 
+class Endpoint(_Out):
+    """A host and port users connect to from their own machines."""
+
+    host: str
+    port: int
+
+
 class Cluster(_Out):
     name: str
     project: str
@@ -474,6 +509,13 @@ class Cluster(_Out):
     driver_version: str | None = None
     slurm: SlurmSettings | None = None
     repair: RepairSettings | None = None
+    egress: bool = Field(default=True, description="nodes reach networks outside the machine (NAT)")
+    ssh_endpoint: Endpoint | None = Field(
+        default=None, description="SSH to the login node, through the gateway (Slurm clusters)"
+    )
+    kubernetes_endpoint: str | None = Field(
+        default=None, description="the Kubernetes API through the gateway (https://HOST:PORT)"
+    )
     phase_history: list[PhaseTransition]
     nodes: list[Node]
     created_at: datetime
@@ -535,6 +577,91 @@ class SshTarget(_Out):
     node: str
     user: str
     argv: list[str]
+
+
+class SshRequest(_Model):
+    """Body of ``POST .../clusters/{name}/ssh`` (may be omitted): the
+    operator's path on the server machine (a local command line into the
+    node). Users log in over SSH with a certificate instead
+    (``.../ssh-certificate``)."""
+
+    command: list[str] = Field(
+        default_factory=list, description="command to run (default: a login shell)"
+    )
+    as_root: bool = Field(
+        default=False, description="a root shell in the node (organization admins only)"
+    )
+
+
+SSH_KEY_NAME_MAX = 128
+
+
+class SshKeyCreate(_Model):
+    """A public key to register (``POST /v1/ssh-keys``): one OpenSSH line,
+    what ``~/.ssh/id_ed25519.pub`` holds."""
+
+    public_key: str = Field(description="'<type> <base64> [comment]'")
+    name: str | None = Field(
+        default=None, description="a label for the key (default: the key's comment)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip()
+        if not v or len(v) > SSH_KEY_NAME_MAX or not v.isprintable():
+            raise ValueError(f"must be 1-{SSH_KEY_NAME_MAX} printable characters")
+        return v
+
+
+class SshKey(_Out):
+    """A registered public key (its owner may log in with it as their own
+    Unix account on every cluster of their projects)."""
+
+    id: str
+    name: str
+    key_type: str
+    fingerprint: str  # "SHA256:...", as ssh-keygen -l shows it
+    public_key: str  # "<type> <base64>"
+    created_at: datetime
+
+
+class SshCa(_Out):
+    """The organization's SSH certificate authorities (``GET /v1/ssh-ca``).
+    ``known_hosts`` is an ``@cert-authority`` line that makes ssh trust every
+    cluster's login node on the gateway host, on any port."""
+
+    user_ca_public_key: str
+    host_ca_public_key: str
+    gateway_host: str
+    known_hosts: str
+
+
+class SshCertificateRequest(_Model):
+    """Body of ``POST .../clusters/{name}/ssh-certificate``."""
+
+    public_key: str = Field(description="the key to certify, '<type> <base64> [comment]'")
+    node: str | None = Field(
+        default=None, description="a node to reach through the login node (its name)"
+    )
+
+
+class SshCertificate(_Out):
+    """A short-lived user certificate and where to use it: ``ssh -i KEY -o
+    CertificateFile=CERT -p PORT USER@HOST`` (with ``known_hosts`` in the
+    known-hosts file); with ``node_host``, jump through that login to it."""
+
+    cluster: str
+    user: str
+    principal: str
+    certificate: str  # "ssh-ed25519-cert-v01@openssh.com AAAA..."
+    valid_before: datetime
+    host: str
+    port: int
+    known_hosts: str
+    node_host: str | None = None
 
 
 _CONTEXT_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._@:/+-]{0,251}[A-Za-z0-9])?")

@@ -25,6 +25,7 @@ from gpuclusters.core.models import API_VERSION
 from gpuclusters.providers.registry import ProviderOptions, make_provider
 from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server import errors
+from gpuclusters.server.controllers.access import AccessSync
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.clusters import ClusterReconciler
 from gpuclusters.server.controllers.health_runs import HealthRunReconciler
@@ -35,8 +36,18 @@ from gpuclusters.server.controllers.repairs import RepairReconciler
 from gpuclusters.server.controllers.volumes import VolumeReconciler
 from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.migrate import upgrade_to_head
-from gpuclusters.server.routers import agents, catalog, clusters, health, system, volumes
+from gpuclusters.server.routers import (
+    agents,
+    catalog,
+    clusters,
+    health,
+    ssh_keys,
+    system,
+    tls,
+    volumes,
+)
 from gpuclusters.server.runtime import Runtime, layers_for_provider
+from gpuclusters.server.security.tls import fingerprint, served_ca_file
 from gpuclusters.server.services import tenancy
 from gpuclusters.server.services.catalog import sync_hosts
 from gpuclusters.server.settings import Settings
@@ -114,12 +125,37 @@ def make_reconcilers(rt: Runtime) -> list[Reconciler]:
     ]
 
 
+def _tls_announcement(settings: Settings) -> str:
+    """The HTTPS URL and the CA users need to trust it (empty when TLS is off)."""
+    if not settings.tls_enabled:
+        return ""
+    url = settings.tls_url
+    ca_file = served_ca_file(settings)
+    try:
+        ca_fingerprint = fingerprint(ca_file.read_bytes()) if ca_file else None
+    except (OSError, ValueError):
+        ca_fingerprint = None
+    if ca_file is None or ca_fingerprint is None:
+        return (
+            f"Users reach the API at {url} (TLS, the operator's certificate):\n"
+            f"  gpuclusters login --url {url} --api-key KEY\n"
+        )
+    return (
+        f"Users reach the API at {url} (TLS). Hand them the CA certificate {ca_file}\n"
+        f"(also served at {url}/v1/tls/ca.pem), SHA-256 fingerprint\n"
+        f"  {ca_fingerprint}\n"
+        "and an API key (gpuclusters api-keys create); they log in with\n"
+        f"  gpuclusters login --url {url} --api-key KEY --ca-fingerprint {ca_fingerprint}\n"
+    )
+
+
 def announcement(settings: Settings) -> str:
     """What ``gpuclusters up`` tells a new user once the server is ready."""
     home = settings.home
     env = "" if home == Settings().home else f"GPUCLUSTERS_HOME={home} "
     return (
         f"\ngpuclusters is up at {settings.public_url} (provider {settings.provider}).\n"
+        f"{_tls_announcement(settings)}"
         f"Your admin API key and the URL are in {home / 'config.toml'}; the CLI reads them.\n"
         "Next, in another terminal:\n"
         f"  {env}gpuclusters clusters create demo --type slurm --gpus 16 --wait\n"
@@ -144,6 +180,12 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         for r in reconcilers:
             r.start()
         housekeeping = asyncio.create_task(run_housekeeping(rt), name="housekeeping")
+        # SSH access on nodes follows the database (providers with nodes only).
+        access_sync = (
+            asyncio.create_task(AccessSync(rt).run(), name="access-sync")
+            if rt.node_access is not None
+            else None
+        )
         app.state.runtime = rt
         app.state.reconcilers = reconcilers
         log.info(
@@ -157,8 +199,10 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         try:
             yield
         finally:
-            housekeeping.cancel()
-            await asyncio.gather(housekeeping, return_exceptions=True)
+            background = [t for t in (housekeeping, access_sync) if t is not None]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await asyncio.gather(*(r.stop() for r in reconcilers))
             await rt.provider.close()
             await rt.engine.dispose()
@@ -190,6 +234,8 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         volumes.router,
         health.router,
         agents.router,
+        tls.router,
+        ssh_keys.router,
     ):
         app.include_router(router)
     return app

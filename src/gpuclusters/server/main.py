@@ -3,16 +3,29 @@
 Ctrl-C (SIGINT) or SIGTERM stops accepting requests, stops the reconcilers
 after their in-flight steps, and exits; nodes keep running and are
 re-adopted at the next start.
+
+The API listens on plain HTTP at ``host:port`` (and node agents on a unix
+socket) and, when TLS is on (``Settings.tls_enabled``), also on HTTPS at
+``tls_host:tls_port``. The HTTPS listener is a second ``uvicorn.Server`` on
+the same application with ``lifespan="off"``: the main server's lifespan
+builds ``app.state.runtime``, so the TLS listener starts only once the main
+server has started, and it stops before the main server's lifespan shuts
+the runtime down. Only the main server captures SIGINT/SIGTERM (uvicorn's
+``capture_signals``); it passes the stop (and a second Ctrl-C's force) on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 import uvicorn
 from pydantic import ValidationError as SettingsValidationError
@@ -20,7 +33,10 @@ from pydantic import ValidationError as SettingsValidationError
 from gpuclusters.providers.fleet import FleetFileError
 from gpuclusters.providers.registry import PROVIDERS
 from gpuclusters.server.app import create_app
+from gpuclusters.server.security.tls import TlsSetupError, fingerprint, server_tls
 from gpuclusters.server.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def agent_socket(home: Path) -> socket.socket:
@@ -38,8 +54,79 @@ def agent_socket(home: Path) -> socket.socket:
     return sock
 
 
+class _Companion(uvicorn.Server):
+    """A listener that serves the main server's application: it leaves the
+    process's signals to the main server, which tells it when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _MainServer(uvicorn.Server):
+    """The server whose lifespan runs the application; it starts its
+    companions once it has started and stops them before its own shutdown
+    (and so before the lifespan's)."""
+
+    def __init__(
+        self, config: uvicorn.Config, companions: list[tuple[_Companion, socket.socket]]
+    ) -> None:
+        super().__init__(config)
+        self.companions = companions
+        self._tasks: list[asyncio.Task[None]] = []
+        self.companion_failed = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.started:
+            return
+        for companion, sock in self.companions:
+            task = asyncio.create_task(companion.serve(sockets=[sock]), name="tls-listener")
+            task.add_done_callback(self._companion_done)
+            self._tasks.append(task)
+
+    def _companion_done(self, task: asyncio.Task[None]) -> None:
+        if self.should_exit:
+            return
+        # A listener that ends on its own failed: stop everything rather
+        # than run without it.
+        exc = None if task.cancelled() else task.exception()
+        log.error("the TLS listener stopped: %s; stopping", exc or "cancelled")
+        self.companion_failed = True
+        self.should_exit = True
+
+    def _pass_on(self) -> None:
+        for companion, _ in self.companions:
+            companion.should_exit = self.should_exit
+            companion.force_exit = self.force_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._pass_on()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.should_exit = True
+        self._pass_on()
+        # Each companion closes its listener and drains its connections;
+        # then this server does the same and runs the lifespan's shutdown.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().shutdown(sockets=sockets)
+
+
+def _fail_on_settings(exc: SettingsValidationError) -> NoReturn:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    where = f"setting {field}: " if field else "settings: "
+    sys.exit(f"error [invalid_input]: {where}{first['msg']}")
+
+
 def run(
-    *, host: str | None, port: int | None, provider: str | None, announce: bool = False
+    *,
+    host: str | None,
+    port: int | None,
+    provider: str | None,
+    public_host: str | None = None,
+    announce: bool = False,
 ) -> None:
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -48,12 +135,12 @@ def run(
         overrides["port"] = port
     if provider is not None:
         overrides["provider"] = provider
+    if public_host is not None:
+        overrides["public_host"] = public_host
     try:
         settings = Settings(**overrides)
     except SettingsValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        sys.exit(f"error [invalid_input]: setting {field}: {first['msg']}")
+        _fail_on_settings(exc)
     if settings.provider not in PROVIDERS:
         sys.exit(
             f"error [invalid_input]: provider: unknown provider {settings.provider!r}; "
@@ -65,19 +152,51 @@ def run(
     # httpx logs every request at INFO: the Kubernetes layer's polls would
     # drown the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    app = create_app(settings, announce=announce)
     config = uvicorn.Config(
-        create_app(settings, announce=announce),
+        app,
         host=settings.host,
         port=settings.port,
         log_level="info",
         timeout_graceful_shutdown=30,
     )
-    server = uvicorn.Server(config)
     try:
         tcp = config.bind_socket()
     except SystemExit:
         sys.exit(f"error [unavailable]: cannot listen on {settings.host}:{settings.port}")
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    companions: list[tuple[_Companion, socket.socket]] = []
+    try:
+        tls = server_tls(settings)
+    except TlsSetupError as exc:
+        tcp.close()
+        sys.exit(f"error [invalid_input]: tls: {exc}")
+    if tls is not None:
+        tls_config = uvicorn.Config(
+            app,
+            host=settings.tls_host,
+            port=settings.tls_port,
+            ssl_certfile=str(tls.cert_file),
+            ssl_keyfile=str(tls.key_file),
+            lifespan="off",
+            log_level="info",
+            timeout_graceful_shutdown=30,
+        )
+        try:
+            tls_sock = tls_config.bind_socket()
+        except SystemExit:
+            tcp.close()
+            sys.exit(
+                f"error [unavailable]: cannot listen on {settings.tls_host}:{settings.tls_port} "
+                "(TLS; set GPUCLUSTERS_TLS_PORT, or GPUCLUSTERS_TLS=off)"
+            )
+        companions.append((_Companion(tls_config), tls_sock))
+        ca_note = ""
+        if tls.ca_file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                ca_note = f"; CA {tls.ca_file}, SHA-256 {fingerprint(tls.ca_file.read_bytes())}"
+        log.info("the API over TLS: %s%s", settings.tls_url, ca_note)
+    server = _MainServer(config, companions)
     try:
         server.run(sockets=[tcp, agent_socket(settings.home)])
     except KeyboardInterrupt:
@@ -88,3 +207,5 @@ def run(
         sys.exit(f"error [invalid_input]: {exc}")
     if not server.started:
         sys.exit("error [unavailable]: the server did not start; see the log above")
+    if server.companion_failed:
+        sys.exit("error [unavailable]: the TLS listener failed; see the log above")

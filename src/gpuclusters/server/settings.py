@@ -11,8 +11,9 @@ import functools
 import re
 import socket
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -60,6 +61,50 @@ class Settings(BaseSettings):
         description="how often nodes' SSH access (keys, members) is checked against the "
         "database; revocations reach every node within this (plus a node round trip)",
     )
+
+    # The API over TLS (README "API over TLS"), next to the plain listener on host:port.
+    tls: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="serve the API over HTTPS on tls_host:tls_port; auto: when public_host is set",
+    )
+    tls_host: str = Field(
+        default="0.0.0.0", description="address the TLS listener binds (default: every address)"
+    )
+    tls_port: int = Field(default=8443, ge=1, le=65535)
+    tls_cert_file: Path | None = Field(
+        default=None,
+        description="an operator's server certificate (PEM, chain after it) instead of the "
+        "self-signed CA's; needs tls_key_file",
+    )
+    tls_key_file: Path | None = Field(
+        default=None, description="the unencrypted PEM key of tls_cert_file"
+    )
+    tls_ca_file: Path | None = Field(
+        default=None,
+        description="with an operator certificate: the CA certificate served at "
+        "/v1/tls/ca.pem for users to trust (none: that endpoint answers not_found)",
+    )
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        """``on``; or ``auto`` with a public host or an operator certificate."""
+        if self.tls == "auto":
+            return self.public_host is not None or self.tls_cert_file is not None
+        return self.tls == "on"
+
+    @property
+    def tls_url(self) -> str:
+        """The HTTPS URL users reach the API on (gateway_host, tls_port)."""
+        host = self.gateway_host
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
+        return f"https://{host}:{self.tls_port}"
 
     # Controllers.
     reconcile_interval_s: float = Field(default=2.0, gt=0, description="poll period without hints")
@@ -145,9 +190,7 @@ class Settings(BaseSettings):
         if not re.fullmatch(r"[A-Za-z0-9.:-]{1,253}", v):
             raise ValueError("must be a DNS name or an IP address")
         if v in ("localhost", "0.0.0.0", "::") or v.startswith("127."):
-            raise ValueError(
-                "must be an address other machines reach (not loopback or a wildcard)"
-            )
+            raise ValueError("must be an address other machines reach (not loopback or a wildcard)")
         return v
 
     @property

@@ -22,7 +22,8 @@ changed. Choices, and why:
   file exists when kubelet starts and the node is Ready at once); every
   member of the cluster (control plane included) routes each node's pod
   CIDR to that node. No masquerading inside the cluster; clusters share no
-  network, so every cluster can use the same ranges.
+  network, so every cluster can use the same ranges. Pods leaving the pod
+  network are masqueraded behind their node (``pod_egress_rule``).
 """
 
 from __future__ import annotations
@@ -219,6 +220,15 @@ disabled_plugins = [
   [{cri}.registry.mirrors."localhost"]
     endpoint = ["http://{REGISTRY_LISTEN}"]
 """
+
+
+def pod_egress_rule(node: K8sNode) -> list[str]:
+    """The node's ``nat POSTROUTING`` rule that hides its pods behind the
+    node's address on the way out of the pod network: pods of every cluster
+    use the same ranges, so the host could not route replies to them (the
+    host then masquerades the node, docs/access.md). Pod to pod keeps its
+    addresses, as Kubernetes wants."""
+    return ["-s", node.pod_cidr, "!", "-d", str(CLUSTER_CIDR), "-j", "MASQUERADE"]
 
 
 def cni_conflist(node: K8sNode) -> str:

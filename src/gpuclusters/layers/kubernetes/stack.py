@@ -309,6 +309,17 @@ async def prepare_kernel(node: NodeShell) -> None:
     await node.run(["sh", "-euc", cfg.sysctl_shadow_script()])
 
 
+async def ensure_pod_egress(node: NodeShell, knode: cfg.K8sNode) -> None:
+    """Pods reach beyond the pod network behind the node's address
+    (kube-proxy never touches the built-in POSTROUTING chain's rules)."""
+    rule = cfg.pod_egress_rule(knode)
+    present = await node.run(
+        ["iptables", "-w", "-t", "nat", "-C", "POSTROUTING", *rule], check=False
+    )
+    if present.returncode != 0:
+        await node.run(["iptables", "-w", "-t", "nat", "-A", "POSTROUTING", *rule])
+
+
 async def ensure_images(node: NodeShell, images: Iterable[Image]) -> None:
     present = await node.run(
         ["ctr", f"--address={cfg.CONTAINERD_SOCK}", "-n", "k8s.io", "images", "ls", "-q"]
@@ -402,8 +413,12 @@ async def prepare_node(
         )
 
     # Independent steps, each a few helper processes: run concurrently.
+    async def kernel() -> None:
+        await prepare_kernel(node)
+        await ensure_pod_egress(node, knode)
+
     _, _, kubelet_changed, proxy_changed, _ = await asyncio.gather(
-        prepare_kernel(node),
+        kernel(),
         node.write_file(CA_CERT, ca.cert),
         kubelet_files(),
         proxy_files(),

@@ -4,14 +4,16 @@ so those packages never see SQLAlchemy objects."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.layers.base import ClusterRef, NodeRef, UnixUser
+from gpuclusters.layers.base import ClusterRef, GatewayRef, NodeRef, SshAccess, UnixUser
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.server.db.allocation import WorkProbe
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, ProjectMember, User
+from gpuclusters.server.db.ssh import live_keys, org_authority
 from gpuclusters.server.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,9 @@ def cluster_ref(
 async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUser, ...]:
     """Accounts the cluster's nodes must have: every member of its project,
     and the organization's admins (they may act in every project). Project
-    admins and organization admins administer the orchestrator too."""
+    admins and organization admins administer the orchestrator too. Deleted
+    users are never included (their Unix accounts and files stay on nodes,
+    but nobody may log in as them)."""
     project = await session.get_one(Project, cluster.project_id)
     roles = dict(
         (
@@ -53,6 +57,7 @@ async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUs
         .where(
             User.organization_id == project.organization_id,
             User.uid.is_not(None),
+            User.deleted_at.is_(None),
             or_(User.is_admin.is_(True), User.id.in_(list(roles))),
         )
         .order_by(User.uid)
@@ -64,7 +69,12 @@ async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUs
     )
 
 
-async def load_cluster_ref(session: AsyncSession, cluster: Cluster) -> ClusterRef:
+async def load_cluster_ref(
+    session: AsyncSession, cluster: Cluster, rt: Runtime | None = None
+) -> ClusterRef:
+    """The cluster as layers see it. With the runtime, also where users
+    reach it (the gateway) and who may log in over SSH, where the provider
+    has nodes to log in to."""
     rows = (
         await session.execute(
             select(Node, Host)
@@ -78,7 +88,41 @@ async def load_cluster_ref(session: AsyncSession, cluster: Cluster) -> ClusterRe
         )
     ).all()
     nodes = tuple(node_ref(n, h) for n, h in rows)
-    return cluster_ref(cluster, await cluster_users(session, cluster), nodes)
+    users = await cluster_users(session, cluster)
+    ref = cluster_ref(cluster, users, nodes)
+    if rt is None or rt.node_access is None:
+        return ref
+    gateway = GatewayRef(
+        host=rt.settings.gateway_host,
+        ssh_port=cluster.ssh_port,
+        kubernetes_port=cluster.kubernetes_port,
+    )
+    return replace(ref, gateway=gateway, ssh=await ssh_access(session, cluster, users))
+
+
+async def ssh_access(
+    session: AsyncSession, cluster: Cluster, users: tuple[UnixUser, ...]
+) -> SshAccess:
+    """The organization's CAs and the allowed accounts' registered keys."""
+    project = await session.get_one(Project, cluster.project_id)
+    org = project.organization_id
+    user_ca = await org_authority(session, org, "user")
+    host_ca = await org_authority(session, org, "host")
+    ids = dict(
+        (
+            await session.execute(
+                select(User.name, User.id).where(
+                    User.organization_id == org, User.name.in_([u.name for u in users])
+                )
+            )
+        ).all()
+    )
+    keys = await live_keys(session, list(ids.values()))
+    return SshAccess(
+        user_ca_public_key=user_ca.public_key,
+        host_ca_private_key=host_ca.private_key,
+        authorized_keys=tuple((u.name, tuple(keys.get(ids.get(u.name, ""), []))) for u in users),
+    )
 
 
 def node_ref(node: Node, host: Host | None) -> NodeRef:

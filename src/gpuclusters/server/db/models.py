@@ -96,6 +96,9 @@ class User(Base):
     # of every cluster, so files on shared volumes keep their owner.
     uid: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Set by ``DELETE /v1/users/{name}``. The row stays, so its name and uid
+    # are never handed out again (files on shared volumes keep their owner).
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class ApiKey(Base):
@@ -224,6 +227,7 @@ class Cluster(LeaseMixin, Base):
     # The gateway's ports for this cluster (docs/access.md): SSH to the login
     # node and the Kubernetes API, allocated once from the configured range
     # and kept for the cluster's life (unique among live clusters).
+    gateway_host: Mapped[str | None] = mapped_column(String(253), default=None)
     ssh_port: Mapped[int | None] = mapped_column(Integer, default=None)
     kubernetes_port: Mapped[int | None] = mapped_column(Integer, default=None)
     # Nodes reach networks outside the machine through NAT on the host.

@@ -43,7 +43,10 @@ async def org_authority(session: AsyncSession, organization_id: str, kind: CaKin
     insert = pg_insert if dialect == "postgresql" else sqlite_insert
     await session.execute(insert(SshAuthority).values(**values).on_conflict_do_nothing())
     await session.commit()
-    return await session.get_one(SshAuthority, (organization_id, kind), populate_existing=True)
+    found = await session.get(SshAuthority, (organization_id, kind), populate_existing=True)
+    if found is None:  # pragma: no cover - inserted or already there: it exists
+        raise RuntimeError(f"SSH {kind} CA of organization {organization_id} is missing")
+    return found
 
 
 async def live_keys(session: AsyncSession, user_ids: list[str]) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""GPU types, regions, hosts, whoami, projects and API keys."""
+"""GPU types, regions, hosts, whoami, projects, members, users and API keys."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
+from gpuclusters.server.controllers import hints
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.services import capacity, catalog, tenancy
 
@@ -92,6 +93,40 @@ async def create_project(
 
 @router.post("/api-keys", response_model=api.ApiKeyCreated, status_code=201)
 async def create_api_key(
-    body: api.ApiKeyCreate, session: SessionDep, principal: PrincipalDep
+    body: api.ApiKeyCreate, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> api.ApiKeyCreated:
-    return await tenancy.create_api_key(session, principal=principal, body=body)
+    created = await tenancy.create_api_key(session, principal=principal, body=body)
+    rt.hints.notify(hints.ACCESS)  # a new member, or a changed role
+    return created
+
+
+@router.get("/projects/{project}/members", response_model=list[api.ProjectMember])
+async def list_members(
+    project: str, session: SessionDep, principal: PrincipalDep
+) -> list[api.ProjectMember]:
+    return await tenancy.list_members(session, principal=principal, project=project)
+
+
+@router.delete("/projects/{project}/members/{user}", response_model=api.ProjectMember)
+async def remove_member(
+    project: str, user: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.ProjectMember:
+    removed = await tenancy.remove_member(session, principal=principal, project=project, user=user)
+    rt.hints.notify(hints.ACCESS)
+    return removed
+
+
+@router.get("/users", response_model=list[api.User])
+async def list_users(
+    session: SessionDep, principal: PrincipalDep, include_deleted: bool = False
+) -> list[api.User]:
+    return await tenancy.list_users(session, principal=principal, include_deleted=include_deleted)
+
+
+@router.delete("/users/{name}", response_model=api.User)
+async def delete_user(
+    name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.User:
+    deleted = await tenancy.delete_user(session, principal=principal, name=name)
+    rt.hints.notify(hints.ACCESS)
+    return deleted

@@ -82,8 +82,9 @@ async def ssh_target(
     principal: PrincipalDep,
     rt: RuntimeDep,
     node: str | None = None,
-    command: Annotated[list[str] | None, Body(embed=True)] = None,
+    body: Annotated[api.SshRequest | None, Body()] = None,
 ) -> api.SshTarget:
+    body = body or api.SshRequest()
     return await ssh.ssh_target(
         session,
         rt=rt,
@@ -91,7 +92,22 @@ async def ssh_target(
         project_name=project,
         cluster_name=name,
         node_name=node,
-        command=command or [],
+        command=body.command,
+        as_root=body.as_root,
+    )
+
+
+@router.post("/clusters/{name}/ssh-certificate", response_model=api.SshCertificate)
+async def ssh_certificate(
+    project: str,
+    name: str,
+    body: api.SshCertificateRequest,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+) -> api.SshCertificate:
+    return await ssh.ssh_certificate(
+        session, rt=rt, principal=principal, project_name=project, cluster_name=name, body=body
     )
 
 

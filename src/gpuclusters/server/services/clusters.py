@@ -40,6 +40,7 @@ from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
 from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
+from gpuclusters.server.db.gateway import assign_ports
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
@@ -211,12 +212,20 @@ async def _create_once(
         slurm_epilog=body.slurm.epilog if body.slurm else None,
         repair_automatic=check_policy_kinds(body.repair.automatic) if body.repair else "",
         repair_max_wait_s=body.repair.max_wait_s if body.repair else 7200,
+        egress=body.egress,
         status="",  # set just below, so the phase history starts with queued
         volume_id=volume.id,
         created_by=principal.user_name,
     )
     session.add(cluster)
     await session.flush()
+    if rt.node_access is not None:  # a provider with nodes users can reach
+        await assign_ports(
+            session,
+            cluster,
+            host=rt.settings.gateway_host,
+            port_range=rt.settings.gateway_port_range,
+        )
     now = utcnow()
     if body.reservation_end is not None and body.reservation_end <= now:
         raise ValidationError("reservation_end: must be in the future", field="reservation_end")
@@ -303,6 +312,10 @@ async def update_cluster(
         if body.repair is not None:
             cluster.repair_automatic = check_policy_kinds(body.repair.automatic)
             cluster.repair_max_wait_s = body.repair.max_wait_s
+        if body.egress is not None and body.egress != cluster.egress:
+            cluster.egress = body.egress
+            # Applied live by the cluster reconciler (the host's firewall).
+            cluster.config_generation += 1
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
             if cluster.nodes_placed:
                 await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)

@@ -1,8 +1,14 @@
-"""Organizations, projects, users, API keys, and the first-start bootstrap."""
+"""Organizations, projects, users, API keys, and the first-start bootstrap.
+
+Deleting a user keeps their row with ``deleted_at`` set: their API keys are
+revoked, their memberships removed and their SSH keys soft-deleted, and
+neither their name nor their uid is ever handed out again (the uid owns
+files on shared volumes; the name is a Unix account that stays on nodes).
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -11,11 +17,20 @@ from gpuclusters.core.enums import ProjectRole
 from gpuclusters.core.errors import (
     AlreadyExistsError,
     AuthenticationError,
+    InvalidStateError,
     NotFoundError,
     PermissionDeniedError,
     ValidationError,
 )
-from gpuclusters.server.db.models import ApiKey, Organization, Project, ProjectMember, User
+from gpuclusters.server.db.models import (
+    ApiKey,
+    Organization,
+    Project,
+    ProjectMember,
+    SshKey,
+    User,
+    utcnow,
+)
 from gpuclusters.server.security.keys import display_prefix, hash_key, new_key
 from gpuclusters.server.security.principal import Principal
 
@@ -81,6 +96,7 @@ async def bootstrap(session: AsyncSession) -> str | None:
 
 
 async def _next_uid(session: AsyncSession, organization_id: str) -> int:
+    # Deleted users keep their rows, so their uids count here: never reused.
     top = await session.scalar(
         select(func.max(User.uid)).where(User.organization_id == organization_id)
     )
@@ -94,7 +110,12 @@ async def authenticate(session: AsyncSession, *, key: str | None) -> Principal:
         await session.execute(
             select(ApiKey, User)
             .join(User, User.id == ApiKey.user_id)
-            .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
+            .where(
+                ApiKey.key_hash == hash_key(key),
+                ApiKey.revoked_at.is_(None),
+                # Deleting a user revokes their keys too; this holds even if not.
+                User.deleted_at.is_(None),
+            )
         )
     ).first()
     if row is None:
@@ -207,6 +228,13 @@ async def create_api_key(
             User.organization_id == principal.organization_id, User.name == body.user
         )
     )
+    if user is not None and user.deleted_at is not None:
+        raise InvalidStateError(
+            f"user {body.user!r} was deleted; a deleted user's name (and uid) is never "
+            "reused, so its files and Unix account cannot pass to someone else: choose "
+            "another name",
+            field="user",
+        )
     if user is None:
         if body.user in RESERVED_USER_NAMES:
             raise ValidationError(
@@ -236,3 +264,162 @@ async def create_api_key(
         key=key,
         key_prefix=display_prefix(key),
     )
+
+
+# --- members and users ---------------------------------------------------------
+
+
+async def list_members(
+    session: AsyncSession, *, principal: Principal, project: str
+) -> list[api.ProjectMember]:
+    """The project's members (any member may look)."""
+    p = await resolve_project(session, principal=principal, name=project, need=ProjectRole.EDITOR)
+    rows = await session.execute(
+        select(User.name, ProjectMember.role, User.uid)
+        .join(User, User.id == ProjectMember.user_id)
+        .where(ProjectMember.project_id == p.id, User.deleted_at.is_(None))
+        .order_by(User.name)
+    )
+    return [
+        api.ProjectMember(user=name, role=ProjectRole(role), uid=uid) for name, role, uid in rows
+    ]
+
+
+async def remove_member(
+    session: AsyncSession, *, principal: Principal, project: str, user: str
+) -> api.ProjectMember:
+    """Remove ``user`` from the project (project admins and org admins); the
+    project's last admin member stays. Returns the removed membership."""
+    p = await resolve_project(session, principal=principal, name=project, need=ProjectRole.ADMIN)
+    # Lock the project row so two concurrent removals cannot both pass the
+    # last-admin check (PostgreSQL; SQLite serializes writers anyway).
+    await session.execute(select(Project.id).where(Project.id == p.id).with_for_update())
+    row = (
+        await session.execute(
+            select(ProjectMember, User)
+            .join(User, User.id == ProjectMember.user_id)
+            .where(
+                ProjectMember.project_id == p.id,
+                User.organization_id == principal.organization_id,
+                User.name == user,
+                User.deleted_at.is_(None),
+            )
+        )
+    ).first()
+    if row is None:
+        raise NotFoundError(f"user {user!r} is not a member of project {project!r}", field="user")
+    member, target = row
+    role = ProjectRole(member.role)
+    if role is ProjectRole.ADMIN:
+        admins = await session.scalar(
+            select(func.count())
+            .select_from(ProjectMember)
+            .join(User, User.id == ProjectMember.user_id)
+            .where(
+                ProjectMember.project_id == p.id,
+                ProjectMember.role == ProjectRole.ADMIN.value,
+                User.deleted_at.is_(None),
+            )
+        )
+        if (admins or 0) <= 1:
+            raise InvalidStateError(
+                f"{user!r} is the last admin of project {project!r}; give another member "
+                "the admin role first (api-keys create --role admin)",
+                field="user",
+            )
+    await session.delete(member)
+    await session.commit()
+    return api.ProjectMember(user=target.name, role=role, uid=target.uid)
+
+
+async def _memberships(
+    session: AsyncSession, organization_id: str
+) -> dict[str, dict[str, ProjectRole]]:
+    """user id -> {project name: role} for every membership in the organization."""
+    rows = await session.execute(
+        select(ProjectMember.user_id, Project.name, ProjectMember.role)
+        .join(Project, Project.id == ProjectMember.project_id)
+        .where(Project.organization_id == organization_id)
+        .order_by(Project.name)
+    )
+    out: dict[str, dict[str, ProjectRole]] = {}
+    for user_id, project, role in rows:
+        out.setdefault(user_id, {})[project] = ProjectRole(role)
+    return out
+
+
+def _user_view(user: User, projects: dict[str, ProjectRole]) -> api.User:
+    return api.User(
+        name=user.name,
+        uid=user.uid,
+        is_admin=user.is_admin,
+        created_at=user.created_at,
+        projects=projects,
+        deleted_at=user.deleted_at,
+    )
+
+
+async def list_users(
+    session: AsyncSession, *, principal: Principal, include_deleted: bool = False
+) -> list[api.User]:
+    require_org_admin(principal, "listing users")
+    query = select(User).where(User.organization_id == principal.organization_id)
+    if not include_deleted:
+        query = query.where(User.deleted_at.is_(None))
+    users = (await session.scalars(query.order_by(User.name))).all()
+    memberships = await _memberships(session, principal.organization_id)
+    return [_user_view(u, memberships.get(u.id, {})) for u in users]
+
+
+async def delete_user(session: AsyncSession, *, principal: Principal, name: str) -> api.User:
+    """Delete a user (org admins): revoke their API keys, remove their
+    memberships, soft-delete their SSH keys, and mark them deleted. Refuses
+    the caller themselves and the organization's last admin."""
+    require_org_admin(principal, "deleting users")
+    # One user deletion at a time per organization (PostgreSQL row lock), so
+    # two admins deleting each other cannot leave none.
+    await session.execute(
+        select(Organization.id)
+        .where(Organization.id == principal.organization_id)
+        .with_for_update()
+    )
+    user = await session.scalar(
+        select(User).where(
+            User.organization_id == principal.organization_id,
+            User.name == name,
+            User.deleted_at.is_(None),
+        )
+    )
+    if user is None:
+        raise NotFoundError(f"user {name!r} not found", field="name")
+    if user.id == principal.user_id:
+        raise InvalidStateError(
+            "you cannot delete yourself; ask another organization admin", field="name"
+        )
+    if user.is_admin:
+        admins = await session.scalar(
+            select(func.count())
+            .select_from(User)
+            .where(
+                User.organization_id == principal.organization_id,
+                User.is_admin.is_(True),
+                User.deleted_at.is_(None),
+            )
+        )
+        if (admins or 0) <= 1:
+            raise InvalidStateError(f"{name!r} is the organization's last admin", field="name")
+    now = utcnow()
+    await session.execute(
+        update(ApiKey)
+        .where(ApiKey.user_id == user.id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    await session.execute(delete(ProjectMember).where(ProjectMember.user_id == user.id))
+    await session.execute(
+        update(SshKey)
+        .where(SshKey.user_id == user.id, SshKey.deleted_at.is_(None))
+        .values(deleted_at=now)
+    )
+    user.deleted_at = now
+    await session.commit()
+    return _user_view(user, {})

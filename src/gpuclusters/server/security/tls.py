@@ -1,0 +1,387 @@
+"""The API's TLS material: a CA of this server's own and the server
+certificate it signs, or an operator's certificate.
+
+Without ``tls_cert_file`` the server keeps, in ``$GPUCLUSTERS_HOME/tls/``::
+
+    ca.pem           the CA certificate users trust (0644; GET /v1/tls/ca.pem)
+    ca-key.pem       its key (0600)
+    server.pem       the listener's certificate, signed by the CA (0644)
+    server-key.pem   its key (0600)
+
+The CA is made once and kept for twenty years: every user who trusts it
+would have to be given a new one, so it is never replaced behind the
+operator's back (a CA certificate without its key is an error, not a
+reason to make a new CA). The server certificate is cheap to replace and is
+reissued at start whenever it no longer fits: its names differ from what
+``gateway_host`` asks for, it expires within :data:`RENEW_BEFORE`, it was
+not signed by the current CA, or its key is not the one on disk.
+
+The server certificate names ``gateway_host`` (an IP SAN when it parses as
+an address, a DNS SAN otherwise) plus ``localhost`` and ``127.0.0.1``, so
+the same URL scheme works from users' machines and on this one.
+
+ECDSA P-256 keys throughout (like the clusters' PKI in
+``layers/kubernetes/pki.py``): every TLS client takes them. Files are
+written to a temporary file and renamed, keys before certificates, so a
+crash leaves either the old pair, or a key whose certificate no longer
+matches and is reissued at the next start.
+
+Fingerprints (:func:`fingerprint`) are SHA-256 over the certificate's DER
+bytes, upper-case hex pairs joined by colons, as ``openssl x509
+-fingerprint -sha256`` prints them; the CLI's ``login --ca-fingerprint``
+computes the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import ssl
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpuclusters.core.errors import NotFoundError
+from gpuclusters.server.settings import Settings
+
+CA_VALIDITY = timedelta(days=20 * 365)
+SERVER_VALIDITY = timedelta(days=397)
+RENEW_BEFORE = timedelta(days=30)
+"""A server certificate expiring within this is reissued at start."""
+BACKDATE = timedelta(minutes=5)
+"""Certificates are valid from a little before "now" (users' clocks may lag)."""
+
+TLS_DIR = "tls"
+CA_CERT = "ca.pem"
+CA_KEY = "ca-key.pem"
+SERVER_CERT = "server.pem"
+SERVER_KEY = "server-key.pem"
+
+LOCAL_DNS = "localhost"
+LOCAL_IP = ipaddress.ip_address("127.0.0.1")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class TlsSetupError(Exception):
+    """The TLS material cannot be made or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """What the TLS listener loads, and the CA users are given (if any)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None
+
+
+def tls_dir(home: Path) -> Path:
+    return home / TLS_DIR
+
+
+def fingerprint(cert_pem: bytes) -> str:
+    """SHA-256 fingerprint of the first certificate in ``cert_pem``:
+    ``AB:CD:...`` (32 pairs). Raises ``ValueError`` for something else."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return cert.fingerprint(hashes.SHA256()).hex(":").upper()
+
+
+def subject_alt_names(gateway_host: str) -> tuple[list[str], list[IPAddress]]:
+    """The DNS names and IP addresses a server certificate for
+    ``gateway_host`` carries: that host plus localhost and 127.0.0.1."""
+    dns: list[str] = []
+    ips: list[IPAddress] = []
+    try:
+        ips.append(ipaddress.ip_address(gateway_host.strip("[]")))
+    except ValueError:
+        dns.append(gateway_host.lower().rstrip("."))
+    if LOCAL_DNS not in dns:
+        dns.append(LOCAL_DNS)
+    if LOCAL_IP not in ips:
+        ips.append(LOCAL_IP)
+    return dns, ips
+
+
+# --- files -----------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TlsSetupError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _load_key(pem: bytes, path: Path) -> ec.EllipticCurvePrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise TlsSetupError(f"{path} is not an unencrypted PEM private key: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise TlsSetupError(f"{path} is not an ECDSA key ({type(key).__name__})")
+    return key
+
+
+def _load_cert(pem: bytes, path: Path) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
+        raise TlsSetupError(f"{path} is not a PEM certificate: {exc}") from exc
+
+
+# --- the CA ----------------------------------------------------------------------------
+
+
+def _new_ca(now: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuclusters API CA")])
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ski, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def _ensure_ca(d: Path, now: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert_path, key_path = d / CA_CERT, d / CA_KEY
+    cert_pem, key_pem = _read(cert_path), _read(key_path)
+    if cert_pem is None:
+        # Never handed out (a key alone is a first start cut short): make one.
+        cert, key = _new_ca(now)
+        _write_atomic(key_path, _key_pem(key), 0o600)
+        _write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        return cert, key
+    if key_pem is None:
+        raise TlsSetupError(
+            f"{key_path} is missing, so the CA in {cert_path} cannot sign; restore it, or "
+            f"remove {d} to make a new CA (users then have to trust the new one)"
+        )
+    cert, key = _load_cert(cert_pem, cert_path), _load_key(key_pem, key_path)
+    if cert.public_key() != key.public_key():
+        raise TlsSetupError(f"{key_path} is not the key of {cert_path}; restore it or remove {d}")
+    if cert.not_valid_after_utc <= now:
+        raise TlsSetupError(
+            f"the CA in {cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}; "
+            f"remove {d} to make a new one (users then have to trust the new one)"
+        )
+    return cert, key
+
+
+# --- the server certificate ---------------------------------------------------------------
+
+
+def _fits(
+    cert: x509.Certificate,
+    key: ec.EllipticCurvePrivateKey,
+    ca: x509.Certificate,
+    want: tuple[list[str], list[IPAddress]],
+    now: datetime,
+) -> bool:
+    if cert.public_key() != key.public_key():
+        return False
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    if cert.not_valid_after_utc - RENEW_BEFORE <= now or cert.not_valid_before_utc > now:
+        return False
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    dns, ips = want
+    return set(san.get_values_for_type(x509.DNSName)) == set(dns) and set(
+        san.get_values_for_type(x509.IPAddress)
+    ) == set(ips)
+
+
+def _issue_server(
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    names: tuple[list[str], list[IPAddress]],
+    now: datetime,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    dns, ips = names
+    key = ec.generate_private_key(ec.SECP256R1())
+    common_name = dns[0] if dns else str(ips[0])
+    ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(min(now + SERVER_VALIDITY, ca.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [*(x509.DNSName(n) for n in dns), *(x509.IPAddress(a) for a in ips)]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def ensure_pki(home: Path, gateway_host: str, *, now: datetime | None = None) -> ServerTls:
+    """Make (first start) or load the CA in ``home/tls``, and (re)issue the
+    server certificate unless the one there still fits ``gateway_host``."""
+    now = now or datetime.now(UTC)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d = tls_dir(home)
+    d.mkdir(exist_ok=True, mode=0o700)
+    ca, ca_key = _ensure_ca(d, now)
+    want = subject_alt_names(gateway_host)
+    cert_path, key_path = d / SERVER_CERT, d / SERVER_KEY
+    cert_pem, key_pem = _read(cert_path), _read(key_path)
+    fits = False
+    if cert_pem is not None and key_pem is not None:
+        try:
+            fits = _fits(
+                _load_cert(cert_pem, cert_path), _load_key(key_pem, key_path), ca, want, now
+            )
+        except TlsSetupError:
+            fits = False  # ours to replace
+    if not fits:
+        cert, key = _issue_server(ca, ca_key, want, now)
+        _write_atomic(key_path, _key_pem(key), 0o600)
+        _write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    return ServerTls(cert_file=cert_path, key_file=key_path, ca_file=d / CA_CERT)
+
+
+def _check_operator_files(cert_file: Path, key_file: Path) -> None:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(str(cert_file), str(key_file))
+    except FileNotFoundError as exc:
+        raise TlsSetupError(f"{exc.filename or cert_file}: no such file") from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsSetupError(
+            f"cannot use {cert_file} with {key_file} (a PEM certificate and its unencrypted "
+            f"key): {exc}"
+        ) from exc
+
+
+def server_tls(settings: Settings) -> ServerTls | None:
+    """The TLS listener's material for ``settings``; ``None`` when TLS is off.
+
+    Raises :class:`TlsSetupError` when it cannot be made or loaded."""
+    if not settings.tls_enabled:
+        return None
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        _check_operator_files(settings.tls_cert_file, settings.tls_key_file)
+        if settings.tls_ca_file is not None:
+            ca_pem = _read(settings.tls_ca_file)
+            if ca_pem is None:
+                raise TlsSetupError(f"{settings.tls_ca_file}: no such file")
+            _load_cert(ca_pem, settings.tls_ca_file)
+        return ServerTls(
+            cert_file=settings.tls_cert_file,
+            key_file=settings.tls_key_file,
+            ca_file=settings.tls_ca_file,
+        )
+    return ensure_pki(settings.home, settings.gateway_host)
+
+
+def served_ca_file(settings: Settings) -> Path | None:
+    """The CA certificate users are given for ``settings``, without making
+    anything: the operator's ``tls_ca_file``, or our own CA; ``None`` when
+    TLS is off or an operator certificate comes without a CA."""
+    if not settings.tls_enabled:
+        return None
+    if settings.tls_cert_file is not None:
+        return settings.tls_ca_file
+    return tls_dir(settings.home) / CA_CERT
+
+
+def read_served_ca(settings: Settings) -> str:
+    """The PEM of :func:`served_ca_file`; :class:`NotFoundError` without one."""
+    path = served_ca_file(settings)
+    if path is None:
+        why = (
+            "it uses an operator certificate without tls_ca_file"
+            if settings.tls_enabled
+            else "TLS is off"
+        )
+        raise NotFoundError(f"this server hands out no CA certificate: {why}")
+    try:
+        return path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NotFoundError(f"this server's CA certificate cannot be read: {exc}") from exc
