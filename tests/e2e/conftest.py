@@ -327,23 +327,23 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHa
         servers.close()
 
 
-TEST_GATEWAY_LINK = "gpctgw0"
 TEST_GATEWAY = "10.230.0.1"
+TEST_GATEWAY_LINK = "lo"
 
 
 def test_gateway() -> str:
-    """An address of this machine that only tests use, on a dummy link
-    (made once, idempotent): the public host of netns servers in tests, so
+    """An address of this machine that only tests use (on the loopback
+    link; idempotent): the public host of netns servers in tests, so
     gateway traffic never goes to the machine's real addresses."""
     have = subprocess.run(
-        ["ip", "-br", "addr", "show", "dev", TEST_GATEWAY_LINK], capture_output=True, text=True
+        ["ip", "-br", "-4", "addr", "show", "dev", TEST_GATEWAY_LINK],
+        capture_output=True,
+        text=True,
     )
-    if TEST_GATEWAY not in have.stdout:
-        subprocess.run(["ip", "link", "add", TEST_GATEWAY_LINK, "type", "dummy"], check=False)
+    if f"{TEST_GATEWAY}/32" not in have.stdout:
         subprocess.run(
             ["ip", "addr", "replace", f"{TEST_GATEWAY}/32", "dev", TEST_GATEWAY_LINK], check=True
         )
-        subprocess.run(["ip", "link", "set", TEST_GATEWAY_LINK, "up"], check=True)
     return TEST_GATEWAY
 
 
@@ -379,4 +379,8 @@ def cleanup_netns(home: Path) -> None:
 def _remove_test_gateway() -> Iterator[None]:
     """The tests' gateway link goes with the session."""
     yield
-    subprocess.run(["ip", "link", "del", TEST_GATEWAY_LINK], capture_output=True, check=False)
+    subprocess.run(
+        ["ip", "addr", "del", f"{TEST_GATEWAY}/32", "dev", TEST_GATEWAY_LINK],
+        capture_output=True,
+        check=False,
+    )
