@@ -3,7 +3,10 @@ Slurm), as the issue's acceptance runs them: an injected Xid 79 becomes a
 critical alert within two heartbeat intervals, the rules recommend a
 migration that waits for approval, and once approved the node moves to
 another host with an empty /scratch, the shared volume intact and its job
-requeued; an active GPU check ends ``skipped: no GPU`` here.
+requeued; an automatic ECC reboot keeps /scratch; two nodes that turn
+unhealthy together (two of two, above the 20% limit) both wait for a person,
+whichever heartbeat lands first; an active GPU check ends ``skipped: no
+GPU`` here.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ def js(server: ServerHandle, *args: str) -> Any:
 
 
 def ssh(server: ServerHandle, *cmd: str, node: str | None = None) -> str:
+    """A command in the cluster as the operator (root, entered directly):
+    this test is about repairs, not about users' SSH access."""
     extra = ["--node", node] if node else []
-    return ok(server, "clusters", "ssh", "h1", *extra, "--", *cmd)
+    return ok(server, "clusters", "ssh", "h1", "--as-root", *extra, "--", *cmd)
 
 
 def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
@@ -130,7 +135,8 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
     )  # fmt: skip
 
     # The automatic policy: an ECC double-bit error is rebooted without
-    # approval; a reboot keeps local NVMe.
+    # approval (after it settled for 20 s: the other node stays healthy); a
+    # reboot keeps local NVMe.
     ok(server, "clusters", "configure", "h1", "--repair-automatic", "ecc_dbe")
     ssh(server, "sh", "-c", "echo kept > /scratch/marker", node=other["name"])
     ok(server, "nodes", "inject-fault", other["name"], "--kind", "ecc-dbe", "--gpu", "1")
@@ -148,35 +154,47 @@ def test_xid79_is_alerted_and_an_approved_migration_moves_the_node(
     server.wait_for("the ECC alert to resolve", lambda: js(server, "alerts", "list") == [],
                     timeout=30)  # fmt: skip
 
-    # Both nodes unhealthy at once (more than 20%): one is repaired, the
-    # other waits for a person. Jobs on both, and repairs wait for idle
-    # nodes forever: whichever repair comes first stays running (a quick
-    # reboot could otherwise finish before the second fault is even seen).
-    ok(server, "clusters", "configure", "h1", "--repair-max-wait", "-1")
-    for n in (victim["name"], other["name"]):
-        ssh(server, "sbatch", "-w", n, "--gres=gpu:8", "--wrap", "sleep 600")
+    # Both nodes unhealthy together (two of two, more than 20%). The limit
+    # is decided for the cluster as a whole, never by which heartbeat lands
+    # first (docs/health.md): neither repair starts, both wait for a person,
+    # and neither node is touched. The faults are injected one CLI call
+    # apart, well within the 20 s an automatic repair settles for.
+    earlier = {r["id"] for r in js(server, "repairs", "list")}
     for n in (victim["name"], other["name"]):
         ok(server, "nodes", "inject-fault", n, "--kind", "ecc-dbe", "--gpu", "0")
-    both = server.wait_for(
-        "two recommendations",
-        lambda: (rs := [r for r in js(server, "repairs", "list")
-                        if r["state"] not in ("succeeded", "cancelled")]) and len(rs) == 2 and rs,
-        timeout=60,
-    )  # fmt: skip
-    states = sorted(r["state"] for r in both)
-    assert "pending_approval" in states and states != ["pending_approval"] * 2, both
-    held = next(r for r in both if r["state"] == "pending_approval")
-    assert "automatic repair is paused" in held["message"]
-    ok(server, "repairs", "cancel", held["id"])
-    ssh(server, "scancel", "--user=admin")
-    server.wait_for(
-        "the running repair to finish",
-        lambda: all(
-            r["state"] in ("succeeded", "cancelled") for r in js(server, "repairs", "list")
-        ),
-        timeout=120,
-        interval=1,
+
+    def decided() -> list[dict[str, Any]] | None:
+        # Both recorded, and neither still settling (``pending``).
+        rs = [r for r in js(server, "repairs", "list") if r["id"] not in earlier]
+        return rs if len(rs) == 2 and all(r["state"] != "pending" for r in rs) else None
+
+    both = {r["node"]: r for r in server.wait_for("both recommendations decided", decided,
+                                                  timeout=60, interval=1)}  # fmt: skip
+    assert set(both) == {victim["name"], other["name"]}, both
+    paused = "2 of 2 nodes are unhealthy (more than 20%): automatic repair is paused"
+    for r in both.values():
+        assert (r["state"], r["trigger"], r["reviewed_by"], r["started_at"]) == (
+            "pending_approval", "automated", None, None
+        ), both  # fmt: skip
+        assert r["message"] == paused, both
+    for n in (victim["name"], other["name"]):
+        got = js(server, "nodes", "get", n)
+        assert (got["phase"], got["cordoned"]) == ("running", False), got
+    # A person decides: the approved repair runs, the rejected one is done.
+    ok(server, "repairs", "reject", both[other["name"]]["id"])
+    approved = js(server, "repairs", "approve", both[victim["name"]]["id"])
+    assert approved["reviewed_by"] == "admin"
+
+    def finished() -> dict[str, Any] | None:
+        r = next(r for r in js(server, "repairs", "list") if r["id"] == approved["id"])
+        assert r["state"] not in ("failed", "cancelled"), r
+        return r if r["state"] == "succeeded" else None
+
+    assert server.wait_for("the approved repair", finished, timeout=120, interval=1)
+    rejected = next(
+        r for r in js(server, "repairs", "list") if r["id"] == both[other["name"]]["id"]
     )
+    assert rejected["state"] == "cancelled" and "rejected by admin" in rejected["message"]
 
     # Active checks: no GPU here.
     runs = js(server, "health", "run", "h1", "--check", "gpu-burn", "--duration", "5")

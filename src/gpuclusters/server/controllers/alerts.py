@@ -12,6 +12,17 @@ lets it run alone, ``pending_approval`` otherwise. Its idempotency key is
 ``auto:<node>:<hash of the open alerts>:<action>``: the same alerts are
 never recommended twice (e.g. after a person rejected the repair). A remediation still
 waiting whose alerts all resolved becomes ``auto_resolved``.
+
+The unhealthy limit is a property of the cluster, not of the node whose
+report happened to land first: a ``pending`` automatic repair does not
+start until it has settled (``rules.SETTLE_WINDOW``), and the repair
+reconciler then decides it with the cluster's unhealthy nodes counted as a
+set (``start_decision``). Whenever alerts change and the cluster is over
+the limit, every automatic repair of it that has not started is held for a
+person at once (``hold_if_paused``), so two faults that arrive together end
+the same way (both ``pending_approval``) whichever heartbeat was first, and
+whichever transaction committed first (on PostgreSQL two heartbeats can
+each count only their own node; the start decision counts again).
 """
 
 from __future__ import annotations
@@ -20,17 +31,23 @@ import hashlib
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.enums import NodePhase
+from gpuclusters.core.health import rules
 from gpuclusters.core.health.findings import AlertKind, Severity, alert_key
 from gpuclusters.core.health.rules import (
+    Decision,
     PastRepair,
     Policy,
     RepairAction,
+    Verdict,
+    WaitingRepair,
+    blocked_reason,
+    decide_automatic,
     needs_approval,
     recommend,
 )
@@ -130,7 +147,39 @@ def policy_of(cluster: Cluster) -> Policy:
 
 
 async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) -> Remediation | None:
-    """Record the repair the node's open alerts call for (see module doc)."""
+    """Record the repair the node's open alerts call for, then hold the
+    cluster's automatic repairs that have not started if the cluster is now
+    over the unhealthy limit (see module doc)."""
+    rem = await _recommend(session, rt=rt, node=node)
+    await hold_if_paused(session, cluster_id=node.cluster_id)
+    return rem
+
+
+async def repair_history(session: AsyncSession, node_id: str) -> list[PastRepair]:
+    """The node's succeeded repairs (escalation and cooldown look at them)."""
+    return [
+        PastRepair(
+            action=RepairAction(r.action),
+            kinds=frozenset(k for k in r.kinds.split(",") if k),
+            finished_at=r.finished_at or r.updated_at,
+            succeeded=True,
+        )
+        for r in await session.scalars(
+            select(Remediation).where(
+                Remediation.node_id == node_id, Remediation.state == "succeeded"
+            )
+        )
+    ]
+
+
+def waiting_message(settle: float) -> str:
+    return (
+        f"automatic: starts {settle:.0f}s after it was recommended unless more than "
+        f"{rules.MAX_UNHEALTHY_FRACTION:.0%} of the cluster's nodes are unhealthy by then"
+    )
+
+
+async def _recommend(session: AsyncSession, *, rt: Runtime, node: Node) -> Remediation | None:
     now = utcnow()
     alerts = await open_alerts_of(session, node.id)
     # Waiting repairs whose alerts are all gone resolve themselves.
@@ -156,19 +205,7 @@ async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) ->
         )
     ):
         return None
-    history = [
-        PastRepair(
-            action=RepairAction(r.action),
-            kinds=frozenset(k for k in r.kinds.split(",") if k),
-            finished_at=r.finished_at or r.updated_at,
-            succeeded=True,
-        )
-        for r in await session.scalars(
-            select(Remediation).where(
-                Remediation.node_id == node.id, Remediation.state == "succeeded"
-            )
-        )
-    ]
+    history = await repair_history(session, node.id)
     kinds = sorted({a.kind for a in alerts})
     action = recommend(kinds, history=history, now=now)
     if action is RepairAction.WARN:
@@ -204,7 +241,9 @@ async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) ->
         requested_by="gpuclusters",
         idempotency_key=key,
         alert_ids=json.dumps(alert_ids),
-        message=why,
+        # Not over the limit now: automatic, once it has settled (the
+        # repair reconciler decides it then, with the whole cluster counted).
+        message=why or waiting_message(rules.SETTLE_WINDOW.total_seconds()),
         created_at=now,
         updated_at=now,
     )
@@ -212,6 +251,95 @@ async def recommend_repair(session: AsyncSession, *, rt: Runtime, node: Node) ->
     await session.flush()
     rt.hints.notify(hints.REPAIRS)
     return rem
+
+
+async def not_started_automatic(session: AsyncSession, cluster_id: str) -> list[Remediation]:
+    """The cluster's automatic repairs that no person has looked at and that
+    have not started (``pending``, not approved, not begun)."""
+    return list(
+        await session.scalars(
+            select(Remediation)
+            .where(
+                Remediation.cluster_id == cluster_id,
+                Remediation.state == "pending",
+                Remediation.trigger == "automated",
+                Remediation.reviewed_by.is_(None),
+                Remediation.started_at.is_(None),
+            )
+            .order_by(Remediation.node_name)
+        )
+    )
+
+
+async def hold_if_paused(session: AsyncSession, *, cluster_id: str) -> int:
+    """If the cluster is over the unhealthy limit, hold every automatic
+    repair of it that has not started: it waits for a person, with the
+    reason. Returns how many were held (not committed).
+
+    This is the set-level rule (``rules.decide_automatic``) applied as soon
+    as alerts change; the repair reconciler applies it again before it
+    starts one, so the outcome does not depend on this transaction seeing
+    every other node's alerts."""
+    waiting = await not_started_automatic(session, cluster_id)
+    if not waiting:
+        return 0
+    now = utcnow()
+    sick, total = await unhealthy_counts(session, cluster_id)
+    decisions = decide_automatic(
+        [WaitingRepair(r.node_name, r.created_at) for r in waiting],
+        unhealthy_nodes=sick,
+        cluster_nodes=total,
+        now=now,
+        settle=rules.SETTLE_WINDOW,
+    )
+    held = {d.node: d.reason for d in decisions if d.verdict is Verdict.HOLD}
+    count = 0
+    for r in waiting:
+        if r.node_name not in held:
+            continue
+        # Only while it still has not started (the repair reconciler may be
+        # starting it in another transaction: whichever commits first wins,
+        # and the reconciler counts again before it starts).
+        result = await session.execute(
+            update(Remediation)
+            .where(
+                Remediation.id == r.id,
+                Remediation.state == "pending",
+                Remediation.started_at.is_(None),
+            )
+            .values(state="pending_approval", message=held[r.node_name], updated_at=now)
+        )
+        count += cast("CursorResult[Any]", result).rowcount
+    return count
+
+
+async def start_decision(
+    session: AsyncSession, *, rt: Runtime, rem: Remediation, node: Node
+) -> Decision:
+    """Whether an automatic repair that has not started may start now, must
+    wait (still settling) or must wait for a person: the node's own rules
+    (policy, switch, cooldown, as they are now) and the cluster's unhealthy
+    nodes counted now, as a set (``rules.decide_automatic``)."""
+    now = utcnow()
+    cluster = await session.get_one(Cluster, rem.cluster_id)
+    sick, total = await unhealthy_counts(session, cluster.id)
+    history = await repair_history(session, node.id)
+    blocked = blocked_reason(
+        policy_of(cluster),
+        [k for k in rem.kinds.split(",") if k],
+        node_auto_repair=node.auto_repair,
+        last_repair_at=max((p.finished_at for p in history), default=None),
+        now=now,
+        cooldown=timedelta(seconds=rt.settings.repair_cooldown_s),
+    )
+    (decision,) = decide_automatic(
+        [WaitingRepair(rem.node_name, rem.created_at, blocked)],
+        unhealthy_nodes=sick,
+        cluster_nodes=total,
+        now=now,
+        settle=rules.SETTLE_WINDOW,
+    )
+    return decision
 
 
 async def note_missed_heartbeats(rt: Runtime, *, missed_after_s: float) -> int:
