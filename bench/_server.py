@@ -37,6 +37,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+BENCH_GATEWAY = "10.230.0.1"
+
+
+def bench_gateway() -> str:
+    """The benches' public host: a /32 on lo (idempotent; left for the
+    next bench, removed with ``ip addr del 10.230.0.1/32 dev lo``)."""
+    have = subprocess.run(["ip", "-br", "-4", "addr", "show", "dev", "lo"],
+                          capture_output=True, text=True)  # fmt: skip
+    if f"{BENCH_GATEWAY}/32" not in have.stdout:
+        subprocess.run(["ip", "addr", "replace", f"{BENCH_GATEWAY}/32", "dev", "lo"], check=True)
+    return BENCH_GATEWAY
+
+
 class BenchServer:
     def __init__(
         self, prefix: str, *, fleet: str | None = None, settings: dict[str, str] | None = None
@@ -44,6 +57,10 @@ class BenchServer:
         self.home = Path(tempfile.mkdtemp(prefix=prefix))
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
         env["GPUCLUSTERS_HOME"] = str(self.home)
+        # Gateway ports on an address of the benches' own (on lo), never the
+        # machine's real addresses; no TLS listener (its port is shared).
+        env["GPUCLUSTERS_PUBLIC_HOST"] = bench_gateway()
+        env["GPUCLUSTERS_TLS"] = "off"
         env.update(settings or {})
         if fleet is not None:
             (self.home / "fleet.yaml").write_text(fleet)

@@ -183,6 +183,7 @@ def test_known_hosts_lines_are_replaced_per_host_patterns(tmp_path: Path) -> Non
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GPUCLUSTERS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # ~/.ssh/known_hosts is written
     monkeypatch.setenv("COLUMNS", "200")
     for var in ("GPUCLUSTERS_URL", "GPUCLUSTERS_API_KEY", "GPUCLUSTERS_PROJECT"):
         monkeypatch.delenv(var, raising=False)
@@ -252,8 +253,28 @@ def test_add_reads_the_file_writes_known_hosts_and_says_how_to_connect(
     assert sent == {"public_key": pub + "\n", "name": "laptop"}
     known = tmp_path / "home" / "known_hosts"
     assert known.read_text() == CA_LINE + "\n"
+    # Plain ssh trusts the gateway's host CA too: one line, kept beside others.
+    ssh_known = tmp_path / "user" / ".ssh" / "known_hosts"
+    assert ssh_known.read_text() == CA_LINE + "\n"
     assert sshca.fingerprint(pub) in result.stdout
-    assert f"ssh -o UserKnownHostsFile={known} -p PORT alice@gw.example" in result.stdout
+    assert "ssh -p PORT alice@gw.example" in result.stdout
+
+
+def test_add_can_leave_ssh_known_hosts_alone(api: FakeApi, tmp_path: Path) -> None:
+    pub = sshca.new_keypair().public_openssh
+    _serve_add(api, pub)
+    ssh_known = tmp_path / "user" / ".ssh" / "known_hosts"
+    ssh_known.parent.mkdir(parents=True)
+    ssh_known.write_text("old.example ssh-ed25519 AAAA\n")
+    result = run("ssh-keys", "add", "-", "--no-known-hosts", stdin=pub + "\n")
+    assert result.exit_code == 0, result.output
+    assert ssh_known.read_text() == "old.example ssh-ed25519 AAAA\n"
+    known = tmp_path / "home" / "known_hosts"
+    assert f"-o UserKnownHostsFile={known}" in result.stdout
+    # Without the flag the line is added and the user's own entries stay.
+    _serve_add(api, pub)
+    assert run("ssh-keys", "add", "-", stdin=pub + "\n").exit_code == 0
+    assert ssh_known.read_text() == "old.example ssh-ed25519 AAAA\n" + CA_LINE + "\n"
 
 
 def test_add_from_stdin_with_json_output(api: FakeApi) -> None:
@@ -263,7 +284,7 @@ def test_add_from_stdin_with_json_output(api: FakeApi) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == key_json(pub)
     assert json.loads(api.requests[0].content) == {"public_key": pub + "\n"}
-    assert "UserKnownHostsFile" in result.stderr
+    assert "connect with: ssh -p PORT" in result.stderr  # the JSON stays clean
 
 
 def test_a_private_key_never_leaves_the_machine(api: FakeApi, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -104,8 +105,12 @@ class ServerHandle:
         )
         if public_host is not None:
             # Gateway ports on an address of the tests' own, never the
-            # machine's primary address.
+            # machine's primary address, from a range of this server's own:
+            # gateway ports are the machine's, and two servers (a test's
+            # and one a developer runs beside it) must not share one.
             self.env["GPUCLUSTERS_PUBLIC_HOST"] = public_host
+            first = 20000 + random.randrange(100) * 100
+            self.env["GPUCLUSTERS_GATEWAY_PORTS"] = f"{first}-{first + 99}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

@@ -221,3 +221,15 @@ def test_a_public_key_is_normalised_and_fingerprinted_like_ssh_keygen(tmp_path: 
     listed = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True)
     if listed.returncode == 0:
         assert parsed.fingerprint in listed.stdout
+
+
+def test_ports_forwarded_by_other_clusters_are_found() -> None:
+    listed = "\n".join(
+        [
+            "-N GPCN-aaaaaaaa",
+            "-A GPC-GATEWAY -p tcp -j GPCN-aaaaaaaa",
+            "-A GPCN-aaaaaaaa -p tcp -m tcp --dport 30000 -j DNAT --to-destination 10.231.0.1:443",
+            "-A GPCN-bbbbbbbb -p tcp -m tcp --dport 30001 -j DNAT --to-destination 10.231.1.14:22",
+        ]
+    )
+    assert firewall.forwarded_ports(listed) == {30000: "GPCN-aaaaaaaa", 30001: "GPCN-bbbbbbbb"}

@@ -343,21 +343,35 @@ def add(
         str | None,
         typer.Option("--name", help="a label (default: the key's comment)", show_default=False),
     ] = None,
+    trust_in_ssh: Annotated[
+        bool,
+        typer.Option(
+            "--known-hosts/--no-known-hosts",
+            help="also trust the clusters' host CA in ~/.ssh/known_hosts, so plain ssh "
+            "asks no question (one @cert-authority line for the gateway, replaced in place)",
+        ),
+    ] = True,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Register a public key for logging in with your own ssh, and trust the
-    clusters' host certificates in $GPUCLUSTERS_HOME/known_hosts."""
+    clusters' host certificates in $GPUCLUSTERS_HOME/known_hosts (and in
+    ~/.ssh/known_hosts unless --no-known-hosts)."""
     text = read_public_key(source)
     with open_client() as client:
         key = client.ssh_keys.add(text, name=name)
         ca = client.ssh_keys.ca()
         user = client.whoami().user
     path = write_known_hosts(ca.known_hosts)
-    connect = shlex.join(["ssh", "-o", f"UserKnownHostsFile={path}", "-p", "PORT"])
+    trusted = [path]
+    if trust_in_ssh:
+        trusted.append(write_known_hosts(ca.known_hosts, Path.home() / ".ssh" / KNOWN_HOSTS_FILE))
+    connect = shlex.join(["ssh", "-p", "PORT"])
     lines = [
         f"added {key.key_type} key {key.fingerprint}" + (f" ({key.name})" if key.name else ""),
-        f"trusted the clusters' host certificates on {ca.gateway_host} in {path}",
-        f"connect with: {connect} {user}@{ca.gateway_host}",
+        f"trusted the clusters' host certificates on {ca.gateway_host} in "
+        + " and ".join(str(p) for p in trusted),
+        f"connect with: {connect} {user}@{ca.gateway_host}"
+        + ("" if trust_in_ssh else f" -o UserKnownHostsFile={path}"),
         "  (PORT: the port of the cluster's ssh_endpoint, see `gpuclusters clusters get NAME "
         "-o json`; or simply: gpuclusters clusters ssh NAME)",
     ]

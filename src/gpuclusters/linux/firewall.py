@@ -207,11 +207,48 @@ def _enable_forwarding() -> None:
         f.write("1\n")
 
 
+class PortConflictError(RuntimeError):
+    """A gateway port is already forwarded to another cluster on this host."""
+
+
+def forwarded_ports(nat_rules: str) -> dict[int, str]:
+    """Gateway ports in ``iptables -t nat -S`` output, by the cluster chain
+    that forwards them."""
+    out: dict[int, str] = {}
+    for line in nat_rules.splitlines():
+        words = line.split()
+        if words[:1] == ["-A"] and words[1].startswith("GPCN-") and "--dport" in words:
+            out[int(words[words.index("--dport") + 1])] = words[1]
+    return out
+
+
+async def _check_ports(rules: ClusterRules) -> None:
+    """Refuse a port another cluster's chain forwards (another server on
+    this machine with an overlapping port range): misrouting users to the
+    wrong cluster would be far worse than a clear error."""
+    if not rules.forwards:
+        return
+    listed = await run([IPTABLES, "-w", "-t", "nat", "-S"], timeout_s=20)
+    own = chains(rules.cluster_id)["dnat"]
+    taken = forwarded_ports(listed.stdout.decode())
+    clashes = [
+        f"{f.public_port} (forwarded by {taken[f.public_port]})"
+        for f in rules.forwards
+        if taken.get(f.public_port, own) != own
+    ]
+    if clashes:
+        raise PortConflictError(
+            f"gateway port(s) {', '.join(clashes)} already forwarded to another cluster on this "
+            "host: servers sharing a machine need separate GPUCLUSTERS_GATEWAY_PORTS ranges"
+        )
+
+
 async def apply(rules: ClusterRules) -> None:
     """Write the cluster's chains and make sure the shared chains jump to
-    them."""
+    them. Raises ``PortConflictError`` for a port another cluster has."""
     await ensure_base()
     async with _lock:
+        await _check_ports(rules)
         await _restore(render(rules))
         for table, chain, rule in shared_jumps(rules):
             await _ensure_rule(table, chain, rule, first=False)

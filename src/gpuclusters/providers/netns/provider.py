@@ -180,8 +180,13 @@ class NetnsNodeProvider(NodeProvider):
                     net.egress = egress
                     net.forwards = wanted
                     await self._save(state)
-            with _errors(f"firewall rules of cluster {cluster_id}"):
-                await self._apply_rules(net)
+            try:
+                with _errors(f"firewall rules of cluster {cluster_id}"):
+                    await self._apply_rules(net)
+            except ProviderError as exc:
+                if isinstance(exc.__cause__, firewall.PortConflictError):
+                    log.error("cluster %s: %s", cluster_id, exc.__cause__)
+                raise
 
     async def _save(self, state: ProviderState) -> None:
         with _errors("saving netns provider state"):
