@@ -143,13 +143,15 @@ def issue(
     client: bool = False,
     server: bool = False,
     days: int = 365,
+    now: datetime | None = None,
 ) -> KeyPair:
     """A new key and a leaf certificate for it, signed by ``ca``.
 
     The subject is ``O=<organizations...>, CN=<common_name>`` (Kubernetes:
     groups and user). ``client``/``server`` choose the extended key usages;
     at least one is required, and a server certificate needs at least one
-    DNS name or IP address. Raises ``ValueError`` for bad input (an IP that
+    DNS name or IP address. ``now`` is the start of validity (tests
+    travel in time). Raises ``ValueError`` for bad input (an IP that
     does not parse, a CA that is not one).
     """
     _check_days(days)
@@ -181,7 +183,7 @@ def issue(
         aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
 
     key = _new_key()
-    now = datetime.now(UTC)
+    now = now or datetime.now(UTC)
     # Never outlive the CA: a chain is only as valid as its shortest link.
     not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (

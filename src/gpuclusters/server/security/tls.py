@@ -20,8 +20,8 @@ The server certificate names ``gateway_host`` (an IP SAN when it parses as
 an address, a DNS SAN otherwise) plus ``localhost`` and ``127.0.0.1``, so
 the same URL scheme works from users' machines and on this one.
 
-ECDSA P-256 keys throughout (like the clusters' PKI in
-``layers/kubernetes/pki.py``): every TLS client takes them. Files are
+Certificates are made by the clusters' PKI code (``layers/kubernetes/pki.py``:
+ECDSA P-256, which every TLS client takes). Files are
 written to a temporary file and renamed, keys before certificates, so a
 crash leaves either the old pair, or a key whose certificate no longer
 matches and is reissued at the next start.
@@ -47,9 +47,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpuclusters.core.errors import NotFoundError
+from gpuclusters.layers.kubernetes import pki
 from gpuclusters.server.settings import Settings
 
 CA_VALIDITY = timedelta(days=20 * 365)
@@ -164,37 +164,8 @@ def _load_cert(pem: bytes, path: Path) -> x509.Certificate:
 # --- the CA ----------------------------------------------------------------------------
 
 
-def _new_ca(now: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuclusters API CA")])
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + CA_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ski, critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
+def _new_ca() -> pki.KeyPair:
+    return pki.new_ca("gpuclusters API CA", days=CA_VALIDITY.days)
 
 
 def _ensure_ca(d: Path, now: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -202,10 +173,10 @@ def _ensure_ca(d: Path, now: datetime) -> tuple[x509.Certificate, ec.EllipticCur
     cert_pem, key_pem = _read(cert_path), _read(key_path)
     if cert_pem is None:
         # Never handed out (a key alone is a first start cut short): make one.
-        cert, key = _new_ca(now)
-        _write_atomic(key_path, _key_pem(key), 0o600)
-        _write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-        return cert, key
+        pair = _new_ca()
+        _write_atomic(key_path, pair.key, 0o600)
+        _write_atomic(cert_path, pair.cert, 0o644)
+        return _load_cert(pair.cert, cert_path), _load_key(pair.key, key_path)
     if key_pem is None:
         raise TlsSetupError(
             f"{key_path} is missing, so the CA in {cert_path} cannot sign; restore it, or "
@@ -255,49 +226,18 @@ def _issue_server(
     ca_key: ec.EllipticCurvePrivateKey,
     names: tuple[list[str], list[IPAddress]],
     now: datetime,
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+) -> pki.KeyPair:
     dns, ips = names
-    key = ec.generate_private_key(ec.SECP256R1())
-    common_name = dns[0] if dns else str(ips[0])
-    ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(min(now + SERVER_VALIDITY, ca.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [*(x509.DNSName(n) for n in dns), *(x509.IPAddress(a) for a in ips)]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
+    ca_pair = pki.KeyPair(cert=ca.public_bytes(serialization.Encoding.PEM), key=_key_pem(ca_key))
+    return pki.issue(
+        ca_pair,
+        dns[0] if dns else str(ips[0]),
+        dns_names=dns,
+        ip_addresses=[str(ip) for ip in ips],
+        server=True,
+        days=SERVER_VALIDITY.days,
+        now=now,
     )
-    return cert, key
 
 
 def ensure_pki(home: Path, gateway_host: str, *, now: datetime | None = None) -> ServerTls:
@@ -320,9 +260,9 @@ def ensure_pki(home: Path, gateway_host: str, *, now: datetime | None = None) ->
         except TlsSetupError:
             fits = False  # ours to replace
     if not fits:
-        cert, key = _issue_server(ca, ca_key, want, now)
-        _write_atomic(key_path, _key_pem(key), 0o600)
-        _write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        pair = _issue_server(ca, ca_key, want, now)
+        _write_atomic(key_path, pair.key, 0o600)
+        _write_atomic(cert_path, pair.cert, 0o644)
     return ServerTls(cert_file=cert_path, key_file=key_path, ca_file=d / CA_CERT)
 
 
