@@ -28,7 +28,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -155,7 +154,8 @@ class Laptop(VethNamespace):
         # Debian's own Python 3.11 (the project's interpreter may live where
         # this user cannot read).
         self.run(SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(self.venv), check=True)
-        site = sysconfig.get_paths()["purelib"]  # the project venv's packages (read-only)
+        # The project's installed packages (scripts/setup's .venv; read-only to the user).
+        site = self.project_root / ".venv" / "lib" / "python3.11" / "site-packages"
         pth = self.venv / "lib" / "python3.11" / "site-packages" / "gpuclusters-project.pth"
         entry = self.venv / "bin" / "gpuclusters"
         self.run("sh", "-c",
