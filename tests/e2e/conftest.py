@@ -352,6 +352,17 @@ def test_gateway() -> str:
     return TEST_GATEWAY
 
 
+@pytest.fixture(scope="module")
+def module_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """Servers that live as long as a test module (started by the module's
+    own fixtures, with their settings)."""
+    servers = Servers(tmp_path_factory.mktemp("e2e-servers"))
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
 def cleanup_netns(home: Path) -> None:
     """Safety net for tests on the netns provider: remove every node and
     service node the provider recorded under ``home``, whatever state the

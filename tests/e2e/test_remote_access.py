@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ import pytest
 from netlab import Laptop, Outside, sh
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle
+    from conftest import ServerHandle, Servers
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root"),
@@ -92,24 +93,27 @@ class World:
         )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    from conftest import Servers, free_port
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
+
+@pytest.fixture(scope="module")
+def world(module_servers: Servers) -> Iterator[World]:
     laptop = Laptop(PROJECT_ROOT)
     outside = Outside(HELLO)
-    servers = Servers(tmp_path_factory.mktemp("remote-access"))
     try:
         laptop.up()
         outside.up()
-        server = servers(provider="netns", start=False, public_host=laptop.gateway)
+        server = module_servers(provider="netns", start=False, public_host=laptop.gateway)
         server.env["GPUCLUSTERS_TLS"] = "on"
         server.env["GPUCLUSTERS_TLS_PORT"] = str(free_port())
         server.env["GPUCLUSTERS_ACCESS_SYNC_INTERVAL_S"] = "5"
         server.start()
         yield World(server, laptop, outside)
     finally:
-        servers.close()
+        module_servers.close()  # before the laptop's network goes
         laptop.close()
         outside.close()
 
@@ -317,6 +321,20 @@ def test_egress_is_switchable_and_clusters_stay_isolated(world: World) -> None:
     # Nor does the laptop reach nodes except through the gateway's ports.
     direct = world.laptop.run("python3", "-c", probe, demo_node)
     assert direct.returncode != 0
+    # Nodes cannot open connections to the server machine's own sockets:
+    # the TLS API listens on every address, the laptop reaches it, a node
+    # (through its default gateway, the host's bridge address) does not.
+    tls_port = world.server.env["GPUCLUSTERS_TLS_PORT"]
+    to_host = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)"
+    bridge = world.admin("clusters", "ssh", "demo", "--as-root", "--", "sh", "-c",
+                         "ip -4 route show default | cut -d' ' -f3").strip()  # fmt: skip
+    assert bridge.startswith("10.231."), bridge
+    for address in (bridge, world.laptop.gateway):
+        blocked = world.server.cli("clusters", "ssh", "demo", "--as-root", "--", "python3", "-c",
+                                   to_host, address, tls_port)  # fmt: skip
+        assert blocked.returncode != 0, f"a node reached the server's API at {address}"
+    assert world.laptop.run("python3", "-c", to_host, world.laptop.gateway,
+                            tls_port).returncode == 0  # fmt: skip
     world.admin("clusters", "delete", "iso", "--wait")
 
 

@@ -122,6 +122,11 @@ async def ssh_certificate(
         session, principal=principal, project_name=project_name, cluster_name=cluster_name
     )
     if cluster.ssh_port is None:
+        if cluster.cluster_type != ClusterType.SLURM.value:
+            raise InvalidStateError(
+                f"cluster {cluster_name} is a Kubernetes cluster: it has no login node to SSH "
+                "to; use kubectl (gpuclusters clusters credentials)"
+            )
         raise InvalidStateError(f"cluster {cluster_name} has no SSH endpoint yet")
     node_host = None
     if body.node is not None:
