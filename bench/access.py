@@ -73,10 +73,13 @@ def main() -> int:
         )
         added.raise_for_status()
         known = keydir / "known_hosts"
-        known.write_text(server.get("/v1/ssh-ca")["known_hosts"] + "\n")
-        login = server.cli("clusters", "ssh", "demo", "--as-root", "--", "hostname", "-I").split()[
-            0
-        ]
+        ca = server.get("/v1/ssh-ca")
+        shown = server.cli("clusters", "ssh", "demo", "--as-root", "--", "hostname", "-I")
+        login = shown.split()[0]
+        # The gateway's line, and the same CA for the login node's own address.
+        known.write_text(
+            f"{ca['known_hosts']}\n@cert-authority {login} {ca['host_ca_public_key']}\n"
+        )
         ssh = [
             "ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known}",
             "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-i", str(key),
