@@ -40,14 +40,15 @@ def free_port() -> int:
 BENCH_GATEWAY = "10.230.0.1"
 
 
-def bench_gateway() -> str:
-    """The benches' public host: a /32 on lo (idempotent; left for the
-    next bench, removed with ``ip addr del 10.230.0.1/32 dev lo``)."""
+def bench_gateway() -> tuple[str, bool]:
+    """The benches' public host, a /32 on lo, and whether this call added
+    it (then the server's close removes it again)."""
     have = subprocess.run(["ip", "-br", "-4", "addr", "show", "dev", "lo"],
                           capture_output=True, text=True)  # fmt: skip
-    if f"{BENCH_GATEWAY}/32" not in have.stdout:
-        subprocess.run(["ip", "addr", "replace", f"{BENCH_GATEWAY}/32", "dev", "lo"], check=True)
-    return BENCH_GATEWAY
+    if f"{BENCH_GATEWAY}/32" in have.stdout:
+        return BENCH_GATEWAY, False
+    subprocess.run(["ip", "addr", "replace", f"{BENCH_GATEWAY}/32", "dev", "lo"], check=True)
+    return BENCH_GATEWAY, True
 
 
 class BenchServer:
@@ -59,7 +60,7 @@ class BenchServer:
         env["GPUCLUSTERS_HOME"] = str(self.home)
         # Gateway ports on an address of the benches' own (on lo), never the
         # machine's real addresses; no TLS listener (its port is shared).
-        env["GPUCLUSTERS_PUBLIC_HOST"] = bench_gateway()
+        env["GPUCLUSTERS_PUBLIC_HOST"], self._added_gateway = bench_gateway()
         env["GPUCLUSTERS_TLS"] = "off"
         env.update(settings or {})
         if fleet is not None:
@@ -124,3 +125,6 @@ class BenchServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
             shutil.rmtree(self.home, ignore_errors=True)
+            if self._added_gateway:
+                subprocess.run(["ip", "addr", "del", f"{BENCH_GATEWAY}/32", "dev", "lo"],
+                               check=False, capture_output=True)  # fmt: skip

@@ -4,6 +4,7 @@ range is used up, and the database refuses two live clusters on one port."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,21 +25,30 @@ def cluster(project: Project, name: str, kind: str = "slurm") -> Cluster:
     )  # fmt: skip
 
 
-async def setup(tmp_path: Path) -> tuple[AsyncSession, Project]:
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[tuple[AsyncSession, Project]]:
+    """A migrated SQLite database with one project; disposed afterwards (its
+    driver's thread must not outlive the test's event loop)."""
     engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}")
     await upgrade_to_head(engine)
     session = make_sessionmaker(engine)()
-    org = Organization(name="o")
-    session.add(org)
-    await session.flush()
-    project = Project(organization_id=org.id, name="p")
-    session.add(project)
-    await session.flush()
-    return session, project
+    try:
+        org = Organization(name="o")
+        session.add(org)
+        await session.flush()
+        project = Project(organization_id=org.id, name="p")
+        session.add(project)
+        await session.flush()
+        yield session, project
+    finally:
+        await session.close()
+        await engine.dispose()
 
 
-async def test_ports_are_given_lowest_first_and_freed_by_a_delete(tmp_path: Path) -> None:
-    session, project = await setup(tmp_path)
+async def test_ports_are_given_lowest_first_and_freed_by_a_delete(
+    db: tuple[AsyncSession, Project],
+) -> None:
+    session, project = db
     a, b = cluster(project, "a"), cluster(project, "b", "kubernetes")
     session.add_all([a, b])
     await session.flush()
@@ -57,25 +67,22 @@ async def test_ports_are_given_lowest_first_and_freed_by_a_delete(tmp_path: Path
     await session.flush()
     await assign_ports(session, c, host="gw", port_range=(30000, 30010))
     assert (c.kubernetes_port, c.ssh_port) == (30000, 30001)
-    await session.close()
 
 
-async def test_a_full_range_is_a_clear_error(tmp_path: Path) -> None:
-    session, project = await setup(tmp_path)
+async def test_a_full_range_is_a_clear_error(db: tuple[AsyncSession, Project]) -> None:
+    session, project = db
     a, b = cluster(project, "a"), cluster(project, "b")
     session.add_all([a, b])
     await session.flush()
     await assign_ports(session, a, host="gw", port_range=(30000, 30002))
     with pytest.raises(CapacityUnavailableError, match="no free gateway port in 30000-30002"):
         await assign_ports(session, b, host="gw", port_range=(30000, 30002))
-    await session.close()
 
 
-async def test_two_live_clusters_cannot_share_a_port(tmp_path: Path) -> None:
-    session, project = await setup(tmp_path)
+async def test_two_live_clusters_cannot_share_a_port(db: tuple[AsyncSession, Project]) -> None:
+    session, project = db
     a, b = cluster(project, "a"), cluster(project, "b")
     a.ssh_port = b.ssh_port = 30005
     session.add_all([a, b])
     with pytest.raises(IntegrityError):
         await session.flush()
-    await session.close()

@@ -144,7 +144,12 @@ class NetnsNodeProvider(NodeProvider):
         with _errors("setting up the host firewall"):
             await firewall.ensure_base()
             for net in state.networks.values():
-                await self._apply_rules(net)
+                try:
+                    await self._apply_rules(net)
+                except firewall.PortConflictError as exc:
+                    # That cluster's gateway stays closed (its reconcile says
+                    # so again); the others, and isolation, must not wait.
+                    log.error("cluster %s: %s", net.cluster_id, exc)
 
     async def _apply_rules(self, net: ClusterNetwork) -> None:
         rules = firewall.ClusterRules(
