@@ -276,8 +276,14 @@ def test_revocations_stop_new_logins_within_a_minute(world: World) -> None:
                check=True)  # fmt: skip
     world.ok("ssh-keys", "add", f"{laptop.home}/carol_key.pub", home=".carol")
     _until_login(world, "carol", f"{laptop.home}/carol_key", works=True)
+    kubeconfig = f"{laptop.home}/carol.kubeconfig"
+    world.ok("clusters", "credentials", "demo", "--file", kubeconfig, home=".carol")
+    pods = ["kubectl", "--kubeconfig", kubeconfig, "get", "pods"]
+    assert laptop.run(*pods).returncode == 0
     world.admin("projects", "members", "remove", "carol", "--project", "default")
     _until_login(world, "carol", f"{laptop.home}/carol_key", works=False)
+    # Her kubeconfig's certificate is still valid, but authorizes nothing.
+    _until(lambda: "Forbidden" in laptop.run(*pods).stderr, timeout=REVOKE_WITHIN_S)
     # A deleted SSH key is refused; the user's certificate path still works.
     keys = json.loads(world.ok("ssh-keys", "list", "--output", "json"))
     world.ok("ssh-keys", "delete", keys[0]["id"])

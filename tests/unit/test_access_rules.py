@@ -233,3 +233,16 @@ def test_ports_forwarded_by_other_clusters_are_found() -> None:
         ]
     )
     assert firewall.forwarded_ports(listed) == {30000: "GPCN-aaaaaaaa", 30001: "GPCN-bbbbbbbb"}
+
+
+def test_removed_members_bindings_are_stale() -> None:
+    def binding(name: str) -> dict[str, object]:
+        return {"metadata": {"name": name}}
+
+    bindings = [
+        binding(k8s.user_binding_name("alice")),
+        binding(k8s.user_binding_name("carol")),
+        binding("gpuclusters-admin"),  # not a user binding of ours: never touched
+    ]
+    assert k8s.stale_user_bindings(bindings, {"alice"}) == [k8s.user_binding_name("carol")]
+    assert k8s.stale_user_bindings(bindings, {"alice", "carol"}) == []

@@ -131,7 +131,7 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         return {**kubernetes, **ssh}
 
     async def sync_access(self, cluster: ClusterRef) -> None:
-        await self.slurm.sync_access(cluster)
+        await asyncio.gather(self.slurm.sync_access(cluster), self.kubernetes.sync_access(cluster))
 
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         return await self.kubernetes.credentials(cluster, user=user, admin=admin)

@@ -595,6 +595,24 @@ def user_bindings(users: list[tuple[str, bool]]) -> list[dict[str, Any]]:
     ]
 
 
+MANAGED_LABEL = "gpuclusters.io/managed=true"
+CLUSTER_ROLE_BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+
+
+def stale_user_bindings(bindings: list[dict[str, Any]], members: set[str]) -> list[str]:
+    """Names of our users' bindings (``user_bindings``) whose user is no
+    longer a member: deleting them leaves a removed user's certificate
+    (valid until it expires) authorized for nothing."""
+    stale = []
+    for b in bindings:
+        name = str(b.get("metadata", {}).get("name", ""))
+        if not name.startswith(user_binding_name("")):
+            continue
+        if name.removeprefix(user_binding_name("")) not in members:
+            stale.append(name)
+    return sorted(stale)
+
+
 def as_list(objs: list[dict[str, Any]]) -> str:
     """Objects as one ``kind: List`` document for ``kubectl apply -f -``."""
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}) + "\n"

@@ -330,6 +330,28 @@ class KubernetesLayer(ClusterLayer):
         cp = await self._control_plane(cluster)
         return {"kubernetes": (cp.address, cfg.API_PORT)}
 
+    async def sync_access(self, cluster: ClusterRef) -> None:
+        """Kubernetes access follows the member list: current members'
+        bindings are reconciled (a role change applies), and the bindings of
+        removed members and deleted users are deleted, so the client
+        certificates they were issued (valid until they expire) are
+        authorized for nothing from then on."""
+        cp = await self._control_plane(cluster)
+        spec = self._spec(cluster, cp)
+        api = await self._api(cluster, cp)
+        if api is None or not await api.ready():
+            raise LayerError(f"cluster {cluster.name}: Kubernetes is not up yet")
+        bindings = await api.list_items(cfg.CLUSTER_ROLE_BINDINGS, labelSelector=cfg.MANAGED_LABEL)
+        for name in cfg.stale_user_bindings(bindings, {u.name for u in cluster.users}):
+            await api.delete(f"{cfg.CLUSTER_ROLE_BINDINGS}/{name}")
+            log.info("cluster %s: removed %s (no longer a member)", cluster.name, name)
+        members = [(u.name, u.admin) for u in cluster.users]
+        have = {str(b.get("metadata", {}).get("name", "")) for b in bindings}
+        # Only members who already had Kubernetes access (fetched credentials).
+        await stack.reconcile_rbac(
+            cp, spec, [(n, a) for n, a in members if cfg.user_binding_name(n) in have]
+        )
+
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         """A kubeconfig with a client certificate for ``user`` (CN = the user
         name), whose RBAC binding (cluster-admin or edit) is made first."""

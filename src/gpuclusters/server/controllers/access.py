@@ -1,7 +1,9 @@
-"""The access sync: who may log in over SSH, pushed to clusters' nodes.
+"""The access sync: who may log in, pushed to clusters.
 
 sshd on every node reads the allowed accounts' principals and registered
-keys from files (``layers/ssh.py``). This loop keeps those files equal to
+keys from files (``layers/ssh.py``); the Kubernetes API authorizes users
+by ClusterRoleBindings (a removed member's binding is deleted, so the
+client certificate they hold authorizes nothing). This loop keeps those files equal to
 the database: at every ``access_sync_interval_s`` (15 s by default), and at
 once when the API says something changed (hint ``access``: an SSH key added
 or deleted, a member removed, a user deleted), it computes each usable
@@ -70,8 +72,6 @@ class AccessSync:
             del self.applied[gone]
         updated = 0
         for ref in refs:
-            if ref.ssh is None:
-                continue
             want = digest(ref)
             if self.applied.get(ref.cluster_id) == want:
                 continue
