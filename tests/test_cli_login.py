@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import ssl
@@ -36,30 +35,9 @@ from typer.testing import CliRunner
 
 from gpuclusters.cli.main import app
 from gpuclusters.layers.kubernetes import pki
+from support.processes import clean_env, console_script, free_port
 
 START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def console_script() -> list[str]:
-    script = Path(sys.executable).parent / "gpuclusters"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpuclusters")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "from gpuclusters.cli.main import main; main()"]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
-    env.update(extra)
-    return env
 
 
 def refuses(port: int) -> bool:

@@ -7,47 +7,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from typer.testing import CliRunner, Result
 
-from gpuclusters.cli import context
-from gpuclusters.cli.main import app
-from gpuclusters.client import Client
 from gpuclusters.core.models import ProjectMember, User
+from support.cli import install_fake_api, isolate_env, ok, run
 from support.fake_api import FakeApi
 
 T0 = "2025-01-01T00:00:00Z"
 
 
-def ok(body: Any, status: int = 200) -> httpx.Response:
-    return httpx.Response(status, json=body)
-
-
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("GPUCLUSTERS_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("COLUMNS", "200")
-    for var in ("GPUCLUSTERS_URL", "GPUCLUSTERS_API_KEY", "GPUCLUSTERS_PROJECT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv("GPUCLUSTERS_OUTPUT", raising=False)
+    isolate_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-
-    def factory(project: str | None) -> Client:
-        return Client(
-            "http://api.test", "gpc_k", project or "default", transport=httpx.MockTransport(fake)
-        )
-
-    monkeypatch.setattr(context, "client_factory", factory)
-    return fake
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+    return install_fake_api(monkeypatch)
 
 
 def member_json(user: str, role: str = "editor", uid: int | None = 10001) -> dict[str, Any]:

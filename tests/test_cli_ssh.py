@@ -31,12 +31,11 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from typer.testing import CliRunner, Result
 
-from gpuclusters.cli import context, ssh_keys
-from gpuclusters.cli.main import app
+from gpuclusters.cli import ssh_keys
 from gpuclusters.client import Client
 from gpuclusters.core import sshca
+from support.cli import install_fake_api, isolate_env, ok, run
 from support.fake_api import FakeApi
 
 T0 = "2025-01-01T00:00:00Z"
@@ -182,33 +181,13 @@ def test_known_hosts_lines_are_replaced_per_host_patterns(tmp_path: Path) -> Non
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("GPUCLUSTERS_HOME", str(tmp_path / "home"))
+    isolate_env(monkeypatch, tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "user"))  # ~/.ssh/known_hosts is written
-    monkeypatch.setenv("COLUMNS", "200")
-    for var in ("GPUCLUSTERS_URL", "GPUCLUSTERS_API_KEY", "GPUCLUSTERS_PROJECT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv("GPUCLUSTERS_OUTPUT", raising=False)
 
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-
-    def factory(project: str | None) -> Client:
-        return Client(
-            "http://api.test", "gpc_k", project or "default", transport=httpx.MockTransport(fake)
-        )
-
-    monkeypatch.setattr(context, "client_factory", factory)
-    return fake
-
-
-def run(*args: str, stdin: str | None = None) -> Result:
-    return CliRunner().invoke(app, list(args), input=stdin)
-
-
-def ok(body: Any, status: int = 200) -> httpx.Response:
-    return httpx.Response(status, json=body)
+    return install_fake_api(monkeypatch)
 
 
 def key_json(pub: str, name: str = "laptop", key_id: str = "k1") -> dict[str, Any]:

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterator
@@ -27,33 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from support.processes import clean_env, console_script, free_port
+
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def console_script() -> list[str]:
-    """The ``gpuclusters`` console script of this environment."""
-    script = Path(sys.executable).parent / "gpuclusters"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpuclusters")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "from gpuclusters.cli.main import main; main()"]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any GPUCLUSTERS_* setting of
-    the developer's own, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
-    env.update(extra)
-    return env
 
 
 def wait_for(

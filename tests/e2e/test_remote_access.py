@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from netlab import Laptop, Outside, sh
+
+from support.processes import free_port
 
 if TYPE_CHECKING:
     from conftest import ServerHandle, Servers
@@ -91,12 +92,6 @@ class World:
             "-p", str(endpoint["port"]), f"{user}@{endpoint['host']}", *cmd,
             timeout=60,
         )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

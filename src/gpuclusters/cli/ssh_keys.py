@@ -17,7 +17,6 @@ sign it (a short-lived certificate), and runs the system ``ssh`` with it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -44,7 +43,7 @@ from gpuclusters.cli.context import (
 from gpuclusters.cli.render import age, emit, print_json, table
 from gpuclusters.client import Client
 from gpuclusters.core import sshca
-from gpuclusters.core.clientconfig import default_home
+from gpuclusters.core.clientconfig import default_home, replace_atomically
 from gpuclusters.core.models import SshCertificate, SshKey
 
 app = typer.Typer(
@@ -114,16 +113,7 @@ def write_known_hosts(line: str, path: Path | None = None) -> Path:
     if new == old:
         return path
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(new)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_atomically(path, new.encode(), 0o644)
     return path
 
 

@@ -102,7 +102,10 @@ def read_config(home: Path) -> StoredConfig:
     )
 
 
-def _replace_atomically(path: Path, data: bytes, mode: int) -> None:
+def replace_atomically(path: Path, data: bytes, mode: int) -> None:
+    """Write ``path`` through a temporary file in the same directory,
+    fsynced and renamed over it: a reader sees the old file or the new one,
+    never a part, and never looser permissions than ``mode``."""
     # mkstemp creates the file with 0600 already; fchmod makes the mode
     # explicit and independent of the platform's default.
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
@@ -137,7 +140,7 @@ def write_config(
     values = {"url": url, "api_key": api_key, "project": project}
     if ca_file:
         values["ca_file"] = ca_file
-    _replace_atomically(path, tomli_w.dumps(values).encode("utf-8"), 0o600)
+    replace_atomically(path, tomli_w.dumps(values).encode("utf-8"), 0o600)
     return path
 
 
@@ -146,5 +149,5 @@ def write_ca_file(home: Path, pem: bytes) -> Path:
     0644 and return its path; ``home`` is created (0700) when missing."""
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = home / CA_FILE_NAME
-    _replace_atomically(path, pem, 0o644)
+    replace_atomically(path, pem, 0o644)
     return path

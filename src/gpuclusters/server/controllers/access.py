@@ -66,7 +66,7 @@ class AccessSync:
                     select(Cluster).where(Cluster.deleted_at.is_(None), Cluster.status.in_(_USABLE))
                 )
             )
-            refs = [await load_cluster_ref(session, c, self.rt) for c in clusters]
+            refs = [await load_cluster_ref(session, c, self.rt, ssh=True) for c in clusters]
         live = {r.cluster_id for r in refs}
         for gone in set(self.applied) - live:
             del self.applied[gone]

@@ -291,7 +291,11 @@ class ClusterReconciler(SteppedReconciler):
         """One transition; True if something changed."""
         async with self.ctx.sessionmaker() as session:
             cluster, nodes = await self._load(session, row_id)
-            ref = await load_cluster_ref(session, cluster, self.rt)
+            # SSH access only for the steps that (re)start the login node's sshd.
+            brings_up = cluster.status == S.WAITING_FOR_CONTROL_PLANE.value or (
+                cluster.status in (S.READY.value, S.DEGRADED.value) and row_id not in self._verified
+            )
+            ref = await load_cluster_ref(session, cluster, self.rt, ssh=brings_up)
         status = S(cluster.status)
         layer = self.rt.layer_for(cluster.cluster_type)
 

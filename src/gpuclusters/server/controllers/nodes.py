@@ -95,7 +95,9 @@ class NodeReconciler(SteppedReconciler):
             node = await session.get_one(Node, row_id)
             cluster = await session.get_one(Cluster, node.cluster_id)
             host = await session.get(Host, node.host_id) if node.host_id else None
-            cref = await load_cluster_ref(session, cluster, self.rt)
+            # SSH access only where a join may (re)start the node's sshd.
+            joining = node.phase in (P.BOOTSTRAPPING.value, P.RUNNING.value)
+            cref = await load_cluster_ref(session, cluster, self.rt, ssh=joining)
         phase = P(node.phase)
         layer = self.rt.layer_for(cluster.cluster_type)
         nref = node_ref(node, host)

@@ -70,11 +70,12 @@ async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUs
 
 
 async def load_cluster_ref(
-    session: AsyncSession, cluster: Cluster, rt: Runtime | None = None
+    session: AsyncSession, cluster: Cluster, rt: Runtime | None = None, *, ssh: bool = False
 ) -> ClusterRef:
     """The cluster as layers see it. With the runtime, also where users
-    reach it (the gateway) and who may log in over SSH, where the provider
-    has nodes to log in to."""
+    reach it (the gateway), where the provider has nodes to log in to; with
+    ``ssh``, who may log in over SSH (the CAs and members' keys: a few
+    queries that only steps setting up sshd need)."""
     rows = (
         await session.execute(
             select(Node, Host)
@@ -97,7 +98,8 @@ async def load_cluster_ref(
         ssh_port=cluster.ssh_port,
         kubernetes_port=cluster.kubernetes_port,
     )
-    return replace(ref, gateway=gateway, ssh=await ssh_access(session, cluster, users))
+    access = await ssh_access(session, cluster, users) if ssh else None
+    return replace(ref, gateway=gateway, ssh=access)
 
 
 async def ssh_access(

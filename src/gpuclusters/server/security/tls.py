@@ -34,11 +34,8 @@ computes the same.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
-import os
 import ssl
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -48,6 +45,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from gpuclusters.core.clientconfig import replace_atomically
 from gpuclusters.core.errors import NotFoundError
 from gpuclusters.layers.kubernetes import pki
 from gpuclusters.server.settings import Settings
@@ -114,21 +112,6 @@ def subject_alt_names(gateway_host: str) -> tuple[list[str], list[IPAddress]]:
 # --- files -----------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _read(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -174,8 +157,8 @@ def _ensure_ca(d: Path, now: datetime) -> tuple[x509.Certificate, ec.EllipticCur
     if cert_pem is None:
         # Never handed out (a key alone is a first start cut short): make one.
         pair = _new_ca()
-        _write_atomic(key_path, pair.key, 0o600)
-        _write_atomic(cert_path, pair.cert, 0o644)
+        replace_atomically(key_path, pair.key, 0o600)
+        replace_atomically(cert_path, pair.cert, 0o644)
         return _load_cert(pair.cert, cert_path), _load_key(pair.key, key_path)
     if key_pem is None:
         raise TlsSetupError(
@@ -261,8 +244,8 @@ def ensure_pki(home: Path, gateway_host: str, *, now: datetime | None = None) ->
             fits = False  # ours to replace
     if not fits:
         pair = _issue_server(ca, ca_key, want, now)
-        _write_atomic(key_path, pair.key, 0o600)
-        _write_atomic(cert_path, pair.cert, 0o644)
+        replace_atomically(key_path, pair.key, 0o600)
+        replace_atomically(cert_path, pair.cert, 0o644)
     return ServerTls(cert_file=cert_path, key_file=key_path, ca_file=d / CA_CERT)
 
 
