@@ -117,15 +117,24 @@ def host_principals(shell: NodeShell, extra: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys([shell.hostname, shell.address, *extra]))
 
 
-def cert_is_good(cert: str, *, ca_public: str, principals: Sequence[str], now: datetime) -> bool:
+def cert_is_good(
+    cert: str,
+    *,
+    ca_public: str,
+    principals: Sequence[str],
+    now: datetime,
+    key_id: str | None = None,
+) -> bool:
     """Whether a node's host certificate still serves: signed by this CA,
-    naming exactly these principals, not ending within a month."""
+    naming exactly these principals (and, given, for this key id: the key
+    it certifies), not ending within a month."""
     try:
         info = sshca.inspect_certificate(cert)
     except sshca.SshKeyError:
         return False
     return (
         info.is_host
+        and (key_id is None or info.key_id == key_id)
         and info.signed_by.split()[:2] == ca_public.split()[:2]
         and sorted(info.principals) == sorted(principals)
         and info.valid_before - now > HOST_CERT_RENEW
@@ -149,18 +158,21 @@ async def _host_cert(shell: NodeShell, access: SshAccess, principals: list[str])
     """Sign (again) the host key where needed; True if the file changed."""
     public = await _host_key(shell)
     ca_public = sshca.public_of(access.host_ca_private_key)
+    key_id = f"host:{shell.hostname}:{_key_tag(public)}"
     have = await shell.read_file(HOST_CERT)
     if have is not None and cert_is_good(
-        have.decode(), ca_public=ca_public, principals=principals, now=datetime.now(UTC)
+        have.decode(),
+        ca_public=ca_public,
+        principals=principals,
+        now=datetime.now(UTC),
+        key_id=key_id,
     ):
-        cert_public = sshca.inspect_certificate(have.decode())
-        if cert_public.key_id == f"host:{shell.hostname}:{_key_tag(public)}":
-            return False
+        return False
     cert = sshca.sign_host_key(
         ca_private=access.host_ca_private_key,
         public_key=public,
         principals=principals,
-        key_id=f"host:{shell.hostname}:{_key_tag(public)}",
+        key_id=key_id,
         valid_for=HOST_CERT_VALIDITY,
     )
     return await shell.write_file(HOST_CERT, (cert + "\n").encode())

@@ -55,6 +55,13 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def live_unique(name: str, *columns: str) -> Index:
+    """A unique index over the rows not deleted (``deleted_at IS NULL``):
+    a name, host or port is taken only while its holder lives."""
+    live = text("deleted_at IS NULL")
+    return Index(name, *columns, unique=True, sqlite_where=live, postgresql_where=live)
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -139,16 +146,7 @@ class Host(Base):
 
 class Volume(LeaseMixin, Base):
     __tablename__ = "volumes"
-    __table_args__ = (
-        Index(
-            "uq_volumes_live_name",
-            "project_id",
-            "name",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
-    )
+    __table_args__ = (live_unique("uq_volumes_live_name", "project_id", "name"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
     name: Mapped[str] = mapped_column(String(64))
@@ -164,28 +162,9 @@ class Volume(LeaseMixin, Base):
 class Cluster(LeaseMixin, Base):
     __tablename__ = "clusters"
     __table_args__ = (
-        Index(
-            "uq_clusters_live_name",
-            "project_id",
-            "name",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
-        Index(
-            "uq_clusters_live_ssh_port",
-            "ssh_port",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
-        Index(
-            "uq_clusters_live_kubernetes_port",
-            "kubernetes_port",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
+        live_unique("uq_clusters_live_name", "project_id", "name"),
+        live_unique("uq_clusters_live_ssh_port", "ssh_port"),
+        live_unique("uq_clusters_live_kubernetes_port", "kubernetes_port"),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
@@ -255,13 +234,7 @@ class Node(LeaseMixin, Base):
     __tablename__ = "nodes"
     __table_args__ = (
         # One live node per host, enforced by the database.
-        Index(
-            "uq_nodes_live_host",
-            "host_id",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
+        live_unique("uq_nodes_live_host", "host_id"),
         Index("ix_nodes_cluster", "cluster_id"),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -453,16 +426,7 @@ class SshKey(Base):
     ``deleted_at`` (the access sync drops it from nodes within a minute)."""
 
     __tablename__ = "ssh_keys"
-    __table_args__ = (
-        Index(
-            "uq_ssh_keys_live_fingerprint",
-            "user_id",
-            "fingerprint",
-            unique=True,
-            sqlite_where=text("deleted_at IS NULL"),
-            postgresql_where=text("deleted_at IS NULL"),
-        ),
-    )
+    __table_args__ = (live_unique("uq_ssh_keys_live_fingerprint", "user_id", "fingerprint"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     name: Mapped[str] = mapped_column(String(128), default="")
