@@ -91,6 +91,15 @@ class HostState(StrEnum):
     CORDONED = "cordoned"
 
 
+class HostAgentStatus(StrEnum):
+    """A host agent's connection (hosts with agents only; docs/hosts.md)."""
+
+    JOINING = "joining"
+    READY = "ready"
+    UNREACHABLE = "unreachable"
+    REMOVED = "removed"
+
+
 class EventReason(StrEnum):
     """Node lifecycle event reasons (contract section 1)."""
 

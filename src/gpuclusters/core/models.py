@@ -22,6 +22,7 @@ from gpuclusters.core.enums import (
     ClusterStatus,
     ClusterType,
     ComputeClass,
+    HostAgentStatus,
     HostState,
     NodePhase,
     ProjectRole,
@@ -104,6 +105,74 @@ class Host(_Out):
     cluster: str | None = None
     compute_class: ComputeClass | None = None
     node_phase: str | None = None
+    # Hosts with a host agent (docs/hosts.md); None for fleet-file hosts.
+    agent_status: HostAgentStatus | None = None
+    address: str | None = None
+    last_heartbeat_at: datetime | None = None
+    inventory: dict[str, Any] | None = None
+
+
+_HOST_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+HOST_NAME_RULE = "must be 1-63 characters of lowercase letters, digits, '.' and '-'"
+
+
+def check_host_name(value: str) -> str:
+    if not _HOST_NAME_RE.match(value):
+        raise ValueError(HOST_NAME_RULE)
+    return value
+
+
+HostName = Annotated[str, Field(min_length=1, max_length=63)]
+
+
+class HostJoinTokenCreate(_Model):
+    """``POST /v1/hosts/join-tokens``: let a host agent join as ``name``."""
+
+    name: HostName
+    region: str | None = Field(default=None, max_length=64)
+    ib_island: str | None = Field(default=None, min_length=1, max_length=64)
+    ttl_s: int = Field(default=3600, ge=60, le=7 * 24 * 3600)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_host_name(v)
+
+
+class HostJoinToken(_Model):
+    name: str
+    token: str
+    expires_at: datetime
+    # What the agent needs to reach this server (its TLS URL and CA).
+    server_url: str | None
+    ca_fingerprint: str | None
+
+
+class HostJoin(_Model):
+    """``POST /v1/hosts/join`` (the host agent, with its join token)."""
+
+    token: str = Field(min_length=1, max_length=200)
+    name: HostName
+    address: str = Field(min_length=1, max_length=64)
+    port: int = Field(ge=1, le=65535)
+    csr_pem: str = Field(min_length=1, max_length=20000)
+    inventory: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_host_name(v)
+
+
+class HostJoined(_Model):
+    name: str
+    certificate_pem: str
+    control_ca_pem: str
+    secret: str
+
+
+class HostHeartbeat(_Model):
+    inventory: dict[str, Any] = Field(default_factory=dict)
 
 
 # --- capacity -----------------------------------------------------------------

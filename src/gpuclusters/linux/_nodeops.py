@@ -72,10 +72,35 @@ EXIT_MISSING = 2
 EXIT_NOT_RUNNING = 3
 
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
+RLIMIT_MEMLOCK = 8  # the generic Linux number: x86_64 and aarch64
+RLIM_INFINITY = 2**64 - 1
 
 
 class OpError(Exception):
     pass
+
+
+class Rlimit(ctypes.Structure):
+    _fields_ = (("cur", ctypes.c_uint64), ("max", ctypes.c_uint64))
+
+
+def unlimit_memlock() -> None:
+    """RLIMIT_MEMLOCK unlimited for this process and what it starts.
+
+    A node has no init that all its processes descend from: daemons come
+    from this helper (and from _nsinit at boot, which calls this too),
+    commands from nsenter (shell.py raises the server's own limit for
+    those). Each raises the limit, so every process of a node runs with it,
+    as on a GPU/RDMA machine configured for it: ibverbs registers (pins)
+    memory for RDMA, NCCL and CUDA pin host buffers, and Slurm hands the
+    submitting process's limits on to jobs. Best effort: without
+    CAP_SYS_RESOURCE the hard limit cannot be raised, then the soft limit
+    goes up to it."""
+    if libc.setrlimit(RLIMIT_MEMLOCK, ctypes.byref(Rlimit(RLIM_INFINITY, RLIM_INFINITY))) == 0:
+        return
+    current = Rlimit()
+    if libc.getrlimit(RLIMIT_MEMLOCK, ctypes.byref(current)) == 0:
+        libc.setrlimit(RLIMIT_MEMLOCK, ctypes.byref(Rlimit(current.max, current.max)))
 
 
 def enter(netns: str, mnt: str, uts: str) -> None:
@@ -88,6 +113,7 @@ def enter(netns: str, mnt: str, uts: str) -> None:
             raise OpError(f"setns: {os.strerror(ctypes.get_errno())}")
         os.close(fd)
     os.chdir("/")
+    unlimit_memlock()  # for the daemons this helper spawns
 
 
 def proc_start(pid: int) -> tuple[str, str] | None:

@@ -23,13 +23,19 @@ root in ``spec.root`` (a per-node directory on the host) and pivots into it:
     /mnt/shared       the cluster's volume (if any)
     /root /home /mnt  plain dirs of spec.root (per node, survive reboot)
     /dev              tmpfs: null zero full random urandom tty kmsg bound
-                      from the host, devpts newinstance, shm, nvidia*
+                      from the host, devpts newinstance, shm, and either
+                      simulated nvidia* nodes (mknod) or, with
+                      ``spec.devices``, the host's real GPU and InfiniBand
+                      device nodes bound in (see :func:`expose_devices`)
     /proc /sys        fresh proc; sysfs mounted from the node's netns (so
                       /sys/class/net shows eth0), host cgroups bound under it
     masks             empty read-only tmpfs over host paths nodes must not
                       see (the control plane's home)
     shares            host paths the node needs at the same path (the Python
                       runtime the node agent runs with), bound read-only
+    device mounts     with ``spec.devices``: driver files the node does not
+                      already see (e.g. sockets under /run), bound read-only;
+                      what was done is listed in /run/gpuclusters/devices
 
 The old root is detached after pivot_root, which drops every reference this
 namespace had to the host's other mounts (other nodes' pinned namespaces
@@ -41,7 +47,8 @@ the package, whose ``__init__`` modules must therefore stay import-free).
 The spec comes as ``marshal`` data on stdin (written by the same interpreter
 a moment before), not JSON, whose import costs more than all the mounts.
 After the pivot it starts the node's boot daemons (the node agent) with
-``_nodeops``' spawn, saving a second helper process. Failures print one line
+``_nodeops``' spawn, saving a second helper process, with RLIMIT_MEMLOCK
+unlimited (``_nodeops.unlimit_memlock``). Failures print one line
 to stderr and exit 1; the caller tears down.
 """
 
@@ -163,6 +170,85 @@ def make_dev(dev: str, gpus: int) -> None:
         os.chmod(path, 0o666)
 
 
+def _place(target: str, isdir: bool) -> None:
+    """Make an empty file or directory for a bind mount to cover."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if isdir:
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.lexists(target):
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
+
+
+def expose_devices(root: str, devices: dict[str, Any]) -> tuple[list[str], bool]:
+    """The host's real GPU/fabric devices in the node (the spec's
+    ``devices``, from linux/devices.py) instead of simulated ones.
+
+    Device nodes are bound onto empty files at their place in the node's
+    /dev (a bind keeps the host node's major/minor, mode and owner, and
+    works where mknod would be refused). Mounts are bound read-only where
+    the node does not already see the same file: nearly everything of the
+    driver lives in the host's /usr, which the node shares, so on a host with
+    a packaged driver only the sockets under /run need binding. A host path
+    that is gone is skipped; so is a target that cannot be placed (inside a
+    read-only shared directory, or leading out of the node's root through a
+    symlink). Returns one report line per entry (written to
+    /run/gpuclusters/devices) and whether a library went into one of
+    ``library_dirs`` (then the node's linker cache needs a refresh)."""
+    report: list[str] = []
+    real_root = os.path.realpath(root)
+
+    def at(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
+    for host, node in devices["nodes"]:
+        if not node.startswith("/dev/") or not os.path.exists(host):
+            report.append(f"gone {node}")
+            continue
+        target = at(node)
+        _place(target, False)
+        os.chmod(os.path.dirname(target), 0o755)
+        bind(host, target)
+        report.append(f"device {node}")
+    libs_bound = False
+    lib_dirs = {d.rstrip("/") for d in devices.get("library_dirs", ())}
+    for host, node in devices["mounts"]:
+        target = at(node)
+        if not os.path.exists(host):
+            report.append(f"gone {node}")
+            continue
+        if same_file(host, target):
+            report.append(f"visible {node}")
+            continue
+        parent = os.path.realpath(os.path.dirname(target))
+        if parent != real_root and not parent.startswith(real_root + "/"):
+            report.append(f"skipped {node} (leads out of the node's root)")
+            continue
+        isdir = os.path.isdir(host)
+        try:
+            _place(target, isdir)
+            if os.path.isdir(target) != isdir:
+                report.append(f"skipped {node} (a {'file' if isdir else 'directory'} is there)")
+                continue
+            bind(host, target, recursive=isdir, readonly=True)
+        except OSError as exc:
+            report.append(f"skipped {node} ({exc.strerror or exc})")
+            continue
+        report.append(f"bound {node}")
+        libs_bound = libs_bound or os.path.dirname(node) in lib_dirs
+    return report, libs_bound
+
+
+def refresh_ldcache() -> None:
+    """``ldconfig`` in the node (after the pivot): for libraries bound where
+    the host's cache does not know them. Its failure only means the linker
+    cache stays as it was."""
+    try:
+        pid = os.posix_spawnp("ldconfig", ["ldconfig"], {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
 def same_file(a: str, b: str) -> bool:
     try:
         sa, sb = os.stat(a), os.stat(b)
@@ -187,6 +273,8 @@ def pivot(root: str) -> None:
 
 def boot(spec: dict[str, Any]) -> None:
     os.umask(0o022)
+    # Inherited by the boot daemons and everything they start.
+    _nodeops.unlimit_memlock()
     name = spec["hostname"].encode()
     if libc.sethostname(name, len(name)) != 0:
         _fail("sethostname")
@@ -227,7 +315,9 @@ def boot(spec: dict[str, Any]) -> None:
     if spec["shared"]:
         os.makedirs(at("/mnt/shared"), exist_ok=True)
         bind(spec["shared"], at("/mnt/shared"))
-    make_dev(at("/dev"), int(spec["gpus"]))
+    devices = spec.get("devices")
+    # Real devices replace the simulated nvidia* nodes (bound below).
+    make_dev(at("/dev"), 0 if devices else int(spec["gpus"]))
     mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     mount("sysfs", at("/sys"), "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     if os.path.isdir("/sys/fs/cgroup"):
@@ -239,7 +329,15 @@ def boot(spec: dict[str, Any]) -> None:
         if not same_file(path, at(path)):
             os.makedirs(at(path), exist_ok=True)
             bind(path, at(path), recursive=True, readonly=True)
+    refresh = False
+    if devices:
+        # Last, so that no mount above covers them.
+        report, refresh = expose_devices(root, devices)
+        with open(at("/run/gpuclusters/devices"), "w") as f:
+            f.write("".join(line + "\n" for line in report))
     pivot(root)
+    if refresh:
+        refresh_ldcache()
     # Now inside the node in every namespace, like a process that entered it:
     # start its boot daemons (the node agent) the way the shell's spawn does.
     for daemon in spec["daemons"]:

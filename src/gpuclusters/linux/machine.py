@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.linux import network, procs, sysmount
+from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.linux.layout import NODE_ENV, STATE_DIRS, NodeLayout
 from gpuclusters.linux.run import CommandError, run
 
@@ -77,6 +78,9 @@ class NodeBoot:
     # instead of timing out (Slurm resolves peers on every RPC).
     hosts_file: Path | None = None
     resolv_file: Path | None = None
+    # The host's real GPU/fabric devices (linux/devices.py): bound into the
+    # node instead of the ``gpus`` simulated device nodes.
+    devices: DeviceSet | None = None
 
 
 def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
@@ -169,6 +173,7 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
         "scratch": str(node.scratch),
         "shared": str(b.shared_dir) if b.shared_dir else None,
         "gpus": b.gpus,
+        "devices": b.devices.to_nsinit() if b.devices is not None else None,
         "masks": [str(p) for p in b.masks],
         "shares": [str(p) for p in b.shares],
         "daemons": [

@@ -56,13 +56,24 @@ def _bridge_mac(cluster_id: str) -> str:
     return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
 
 
-async def ensure_bridge(cluster_id: str, index: int) -> str:
-    """Create the cluster's bridge with its host address; returns its name."""
+def link_mtu(name: str) -> int | None:
+    try:
+        with open(f"/sys/class/net/{name}/mtu") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+async def ensure_bridge(cluster_id: str, index: int, *, mtu: int | None = None) -> str:
+    """Create the cluster's bridge with its host address (and ``mtu``, for
+    a cluster that spans hosts); returns its name."""
     name = layout.bridge_name(cluster_id)
     gw = f"{layout.gateway(index)}/24"
     cmds = []
     if not link_exists(name):
         cmds.append(f"link add name {name} address {_bridge_mac(cluster_id)} type bridge")
+    if mtu is not None and link_mtu(name) != mtu:
+        cmds.append(f"link set {name} mtu {mtu}")
     cmds += [f"addr replace {gw} dev {name}", f"link set {name} up"]
     await _batch(cmds)
     return name
@@ -147,3 +158,68 @@ async def host_subnets_in_pool() -> set[int]:
                     if net.overlaps(layout.subnet(i)):
                         used.add(i)
     return used
+
+
+# -- clusters that span hosts -------------------------------------------------
+
+VXLAN_PORT = 4789
+
+
+def vxlan_name(cluster_id: str) -> str:
+    """The cluster's VXLAN device, a port of its bridge on every host."""
+    return "gpcx" + layout.check_id(cluster_id, "cluster id")[:8]
+
+
+async def _fdb_peers(device: str) -> set[str]:
+    """Remote VTEPs of the all-zeros (flooding) entries of ``device``."""
+    done = await run(["bridge", "-j", "fdb", "show", "dev", device], timeout_s=10)
+    peers: set[str] = set()
+    for entry in json.loads(done.stdout or b"[]"):
+        if entry.get("mac") == "00:00:00:00:00:00" and entry.get("dst"):
+            peers.add(str(entry["dst"]))
+    return peers
+
+
+async def ensure_vxlan(cluster_id: str, *, vni: int, local: str, peers: set[str], mtu: int) -> str:
+    """The cluster's VXLAN segment on this host: a device with the cluster's
+    VNI on its bridge, one static all-zeros forwarding entry per other host
+    of the cluster (head-end replication of broadcasts: no multicast needed
+    in the underlay), and ``mtu`` on the bridge and the device. Entries for
+    hosts that left are removed. Idempotent."""
+    bridge = layout.bridge_name(cluster_id)
+    name = vxlan_name(cluster_id)
+    if not 1 <= vni <= 0xFFFFFF:
+        raise ValueError(f"VNI {vni} outside 1-16777215")
+    cmds = []
+    if not link_exists(name):
+        cmds.append(f"link add {name} type vxlan id {vni} local {local} dstport {VXLAN_PORT}")
+    cmds += [
+        f"link set {name} mtu {mtu}",
+        f"link set {bridge} mtu {mtu}",
+        f"link set {name} master {bridge} up",
+    ]
+    await _batch(cmds)
+    # Broadcasts and unknown unicast go to every peer through the static
+    # all-zeros entries the control plane keeps; the device learns which
+    # host each remote node's MAC sits behind from the traffic itself.
+    # Every host's bridge has the same gateway address and MAC (an anycast
+    # gateway): a node's traffic to .1 never leaves its host.
+    have = await _fdb_peers(name)
+    fdb = [f"fdb append 00:00:00:00:00:00 dev {name} dst {p}" for p in sorted(peers - have)]
+    fdb += [f"fdb del 00:00:00:00:00:00 dev {name} dst {p}" for p in sorted(have - peers)]
+    if fdb:
+        await run(["bridge", "-batch", "-"], stdin=("\n".join(fdb) + "\n").encode(), timeout_s=20)
+    return name
+
+
+async def delete_vxlan(cluster_id: str) -> None:
+    name = vxlan_name(cluster_id)
+    if link_exists(name):
+        await _batch([f"link del {name}"])
+
+
+async def ensure_node_mtu(node: NodeLayout, mtu: int) -> None:
+    """Both ends of the node's veth at ``mtu`` (the cluster's segment MTU:
+    a bridge never fragments, so every port must agree)."""
+    await _batch([f"link set {node.veth} mtu {mtu}"])
+    await _batch([f"link set eth0 mtu {mtu}"], netns=node.netns)

@@ -29,6 +29,7 @@ import contextlib
 import marshal
 import os
 import re
+import resource
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +56,23 @@ def _node_path(path: str) -> str:
     return path
 
 
+def _unlimit_memlock() -> None:
+    """Raise this process's RLIMIT_MEMLOCK to unlimited (else its soft limit
+    to the hard one), so that commands run in nodes inherit it: nodes run
+    with memlock unlimited, see ``_nodeops.unlimit_memlock`` for why and for
+    the other two places (boot daemons, spawned daemons). Commands run by
+    nsenter descend from this process, which is why it is raised here: the
+    server (or the CLI, for ``exec_argv``) has nothing else to pin."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == hard == resource.RLIM_INFINITY:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY,) * 2)
+    except (OSError, ValueError):  # no CAP_SYS_RESOURCE: up to the hard limit
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+
+
 class NamespaceShell:
     """A shell on one node, addressed by its pinned namespaces."""
 
@@ -72,6 +90,7 @@ class NamespaceShell:
         return self._address
 
     def _nsenter(self) -> list[str]:
+        _unlimit_memlock()  # nsenter and the command inherit it
         return ["nsenter", *self._node.nsenter_args(), "--"]
 
     @staticmethod

@@ -6,16 +6,23 @@ anywhere else.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuclusters.linux.layout import DEFAULT_NS_DIR
-from gpuclusters.providers.base import NodeProvider
+from gpuclusters.providers.base import HostSpec, NodeProvider
 from gpuclusters.providers.fake.provider import FakeNodeProvider, FakeProviderConfig
 from gpuclusters.providers.fleet import load_fleet
+from gpuclusters.providers.hosts.provider import (
+    DEFAULT_SEGMENT_MTU,
+    EmbeddedFleetProvider,
+    HostDirectory,
+    HostEndpoint,
+    HostsNodeProvider,
+)
 from gpuclusters.providers.netns.config import NetnsProviderConfig
-from gpuclusters.providers.netns.provider import NetnsNodeProvider
 
 DEFAULT_FAKE_FLEET = Path(__file__).parent / "fake" / "fleet.yaml"
 DEFAULT_NETNS_FLEET = Path(__file__).parent / "netns" / "fleet.yaml"
@@ -33,6 +40,14 @@ class ProviderOptions:
     # and whether GPU nodes start the node agent.
     netns_ns_dir: Path | None = None
     netns_spawn_agent: bool = True
+    # Hosts with host agents (netns and hosts providers; docs/hosts.md): the
+    # server's view of them, the TLS context it calls them with, this
+    # machine's underlay address, the clusters' MTU and the volumes' place.
+    host_directory: HostDirectory | None = None
+    agent_ssl: ssl.SSLContext | None = None
+    underlay_address: str | None = None
+    cluster_mtu: int | None = None
+    volumes_dir: Path | None = None
 
 
 def _make_fake(opts: ProviderOptions) -> NodeProvider:
@@ -47,20 +62,54 @@ def _make_fake(opts: ProviderOptions) -> NodeProvider:
     )
 
 
+class _NoHosts:
+    """The directory of a provider built without a server (tests, tools)."""
+
+    async def endpoint(self, name: str) -> HostEndpoint | None:
+        return None
+
+    async def endpoints(self) -> list[HostEndpoint]:
+        return []
+
+
+def _netns_config(
+    opts: ProviderOptions, fleet: list[HostSpec], mtu: int | None
+) -> NetnsProviderConfig:
+    return NetnsProviderConfig(
+        fleet=fleet,
+        home=opts.home,
+        ns_dir=opts.netns_ns_dir or DEFAULT_NS_DIR,
+        spawn_agent=opts.netns_spawn_agent,
+        cluster_mtu=mtu,
+        volumes_dir=opts.volumes_dir,
+    )
+
+
 def _make_netns(opts: ProviderOptions) -> NodeProvider:
-    return NetnsNodeProvider(
-        NetnsProviderConfig(
-            fleet=load_fleet(opts.fleet_file or DEFAULT_NETNS_FLEET),
-            home=opts.home,
-            ns_dir=opts.netns_ns_dir or DEFAULT_NS_DIR,
-            spawn_agent=opts.netns_spawn_agent,
-        )
+    """The embedded fleet (this machine), plus any host that joins."""
+    return EmbeddedFleetProvider(
+        _netns_config(opts, load_fleet(opts.fleet_file or DEFAULT_NETNS_FLEET), opts.cluster_mtu),
+        directory=opts.host_directory or _NoHosts(),
+        ctx=opts.agent_ssl,
+        underlay_address=opts.underlay_address or "127.0.0.1",
+    )
+
+
+def _make_hosts(opts: ProviderOptions) -> NodeProvider:
+    """Only hosts with host agents (GPU servers); a fleet file is optional."""
+    fleet = load_fleet(opts.fleet_file) if opts.fleet_file else []
+    return HostsNodeProvider(
+        _netns_config(opts, fleet, opts.cluster_mtu or DEFAULT_SEGMENT_MTU),
+        directory=opts.host_directory or _NoHosts(),
+        ctx=opts.agent_ssl,
+        underlay_address=opts.underlay_address or "127.0.0.1",
     )
 
 
 PROVIDERS: dict[str, Callable[[ProviderOptions], NodeProvider]] = {
     "fake": _make_fake,
     "netns": _make_netns,
+    "hosts": _make_hosts,
 }
 
 

@@ -35,22 +35,25 @@ from gpuclusters.server.controllers.nodes import NodeReconciler
 from gpuclusters.server.controllers.repairs import RepairReconciler
 from gpuclusters.server.controllers.volumes import VolumeReconciler
 from gpuclusters.server.db.engine import make_engine, make_sessionmaker
+from gpuclusters.server.db.hosts import DbHostDirectory
 from gpuclusters.server.db.migrate import upgrade_to_head
 from gpuclusters.server.routers import (
     agents,
     catalog,
     clusters,
     health,
+    hosts,
     ssh_keys,
     system,
     tls,
     volumes,
 )
 from gpuclusters.server.runtime import Runtime, layers_for_provider
+from gpuclusters.server.security.hosts_pki import agent_client_context, ensure_hosts_pki
 from gpuclusters.server.security.tls import fingerprint, served_ca_file
 from gpuclusters.server.services import tenancy
 from gpuclusters.server.services.catalog import sync_hosts
-from gpuclusters.server.settings import Settings
+from gpuclusters.server.settings import Settings, primary_address
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,8 @@ async def build_runtime(settings: Settings) -> Runtime:
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     engine = make_engine(settings.sqlalchemy_url)
     await upgrade_to_head(engine)
+    sessionmaker = make_sessionmaker(engine)
+    hosts_pki = await asyncio.to_thread(ensure_hosts_pki, settings.home)
     provider = make_provider(
         settings.provider,
         ProviderOptions(
@@ -91,14 +96,19 @@ async def build_runtime(settings: Settings) -> Runtime:
             fleet_file=settings.fleet_file,
             fake_boot_delay_s=settings.fake_boot_delay_s,
             fake_fail_hosts=frozenset(settings.fake_fail_hosts),
+            host_directory=DbHostDirectory(sessionmaker),
+            agent_ssl=agent_client_context(hosts_pki),
+            underlay_address=settings.underlay_address or primary_address(),
+            cluster_mtu=settings.cluster_mtu,
+            volumes_dir=settings.volumes_dir,
         ),
     )
     rt = Runtime(
         settings=settings,
         engine=engine,
-        sessionmaker=make_sessionmaker(engine),
+        sessionmaker=sessionmaker,
         provider=provider,
-        volumes=VolumeStore(settings.home / "volumes"),
+        volumes=VolumeStore(settings.volumes_dir or settings.home / "volumes"),
         layers=layers_for_provider(provider, k8s_bin_dir=settings.k8s_bin),
     )
     async with rt.sessionmaker() as session:
@@ -234,6 +244,7 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         volumes.router,
         health.router,
         agents.router,
+        hosts.router,
         tls.router,
         ssh_keys.router,
     ):

@@ -119,6 +119,28 @@ class Settings(BaseSettings):
         "(the contract's five minutes; shorter in tests)",
     )
 
+    # Hosts with host agents (docs/hosts.md).
+    host_agent_timeout_s: float = Field(
+        default=30.0, gt=0, description="a host agent silent this long makes its host unreachable"
+    )
+    underlay_address: str | None = Field(
+        default=None,
+        description="this machine's address on the network between hosts (its end of the "
+        "clusters' VXLAN segments); default: the primary address",
+    )
+    cluster_mtu: int | None = Field(
+        default=None,
+        ge=1280,
+        le=9000,
+        description="MTU of cluster networks; default 1450 (VXLAN over a 1500 underlay) with "
+        "the hosts provider, the kernel's 1500 on the embedded fleet",
+    )
+    volumes_dir: Path | None = Field(
+        default=None,
+        description="where volumes live on this machine: the operator's shared filesystem "
+        "when clusters span hosts (every host mounts it); default: HOME/volumes",
+    )
+
     heartbeat_timeout_s: float = Field(
         default=30.0, gt=0, description="a running node silent this long gets an alert"
     )

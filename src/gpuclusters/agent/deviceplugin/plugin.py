@@ -10,7 +10,7 @@ a poll of the backend (every ``poll_interval_s``) finds it changed.
 ``Allocate`` turns device IDs into what the container needs:
 ``NVIDIA_VISIBLE_DEVICES`` (the UUIDs) and ``CUDA_VISIBLE_DEVICES`` (the
 node-local indices, ascending: the convention our Slurm GRES uses too), both
-in index order, and the device nodes (``/dev/nvidia<i>``, ``/dev/nvidiactl``
+in index order, and the device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl``
 and the UVM nodes where the host has them). Unknown IDs fail the call with
 ``INVALID_ARGUMENT``. No pre-start hook, no preferred allocation.
 
@@ -159,9 +159,14 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
         out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
         out.envs["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in gpus)
         for g in gpus:
+            # The node's name for it (/dev/nvidia<minor>), not one made from
+            # NVML's index: NVML and CUDA in the container open the device
+            # node named after the minor number, which need not be the index.
             out.devices.append(
                 pb.DeviceSpec(
-                    container_path=f"/dev/nvidia{g.index}", host_path=g.device, permissions="rw"
+                    container_path="/dev/" + os.path.basename(g.device),
+                    host_path=g.device,
+                    permissions="rw",
                 )
             )
         extra = [CONTROL_DEVICE] + [d for d in OPTIONAL_DEVICES if (self._dev_dir / d).exists()]

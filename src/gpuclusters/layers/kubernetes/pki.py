@@ -144,8 +144,11 @@ def issue(
     server: bool = False,
     days: int = 365,
     now: datetime | None = None,
+    public_key: ec.EllipticCurvePublicKey | None = None,
 ) -> KeyPair:
-    """A new key and a leaf certificate for it, signed by ``ca``.
+    """A new key and a leaf certificate for it, signed by ``ca``. With
+    ``public_key`` (from a CSR: the key never leaves its owner) the
+    certificate is for that key and the returned ``key`` is empty.
 
     The subject is ``O=<organizations...>, CN=<common_name>`` (Kubernetes:
     groups and user). ``client``/``server`` choose the extended key usages;
@@ -182,7 +185,9 @@ def issue(
     except x509.ExtensionNotFound:
         aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
 
-    key = _new_key()
+    key = _new_key() if public_key is None else None
+    subject_key = key.public_key() if key is not None else public_key
+    assert subject_key is not None
     now = now or datetime.now(UTC)
     # Never outlive the CA: a chain is only as valid as its shortest link.
     not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)
@@ -193,7 +198,7 @@ def issue(
         x509.CertificateBuilder()
         .subject_name(_name(common_name, organizations))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(subject_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - BACKDATE)
         .not_valid_after(not_after)
@@ -213,7 +218,7 @@ def issue(
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(subject_key), critical=False)
         .add_extension(aki, critical=False)
     )
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
@@ -221,7 +226,7 @@ def issue(
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    return KeyPair(cert=_cert_pem(cert), key=_key_pem(key))
+    return KeyPair(cert=_cert_pem(cert), key=_key_pem(key) if key is not None else b"")
 
 
 def new_service_account_key() -> tuple[bytes, bytes]:

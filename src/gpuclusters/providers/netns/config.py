@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gpuclusters
+from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.linux.layout import DEFAULT_NS_DIR
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.providers.volumes import VolumeStore
@@ -43,6 +44,19 @@ class NetnsProviderConfig:
     ns_dir: Path = DEFAULT_NS_DIR
     spawn_agent: bool = True
     shares: tuple[Path, ...] = field(default_factory=runtime_paths)
+    # The node agent's GPU backend: "simulated" (the embedded fleet's device
+    # nodes, whatever GPUs the machine has) or "auto" (NVML where the node
+    # sees real GPUs; a host agent on a GPU host).
+    gpu_backend: str = "simulated"
+    # Where volumes live (None: $home/volumes). A host agent points it at
+    # the operator's shared filesystem, the same store every host mounts.
+    volumes_dir: Path | None = None
+    # The MTU of every cluster network this provider makes (None: the
+    # kernel's 1500). Clusters that span hosts carry VXLAN's 50 bytes.
+    cluster_mtu: int | None = None
+    # The host's real GPU and fabric devices (a host agent on a GPU host):
+    # bound into every GPU node instead of simulated device nodes.
+    devices: DeviceSet | None = None
 
     def __post_init__(self) -> None:
         # overlayfs options are comma separated and lowerdir lists are colon
@@ -64,7 +78,7 @@ class NetnsProviderConfig:
 
     @property
     def volumes(self) -> VolumeStore:
-        return VolumeStore(self.home / "volumes")
+        return VolumeStore(self.volumes_dir or self.home / "volumes")
 
     @property
     def lock_file(self) -> Path:

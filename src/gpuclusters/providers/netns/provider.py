@@ -129,6 +129,8 @@ class NetnsNodeProvider(NodeProvider):
     async def _report_missing(self, state: ProviderState) -> None:
         # The start-up reconciliation: say what vanished, change nothing.
         for rec in state.nodes.values():
+            if rec.kind == "remote":
+                continue
             missing = await self._missing(rec)
             if missing:
                 log.warning(
@@ -144,6 +146,10 @@ class NetnsNodeProvider(NodeProvider):
         with _errors("setting up the host firewall"):
             await firewall.ensure_base()
             for net in state.networks.values():
+                if net.vni is not None and net.local is not None:
+                    # A host reboot took the segment with the bridge; the
+                    # bridge comes back with the cluster's first node.
+                    await self._ensure_segment_links(state, net)
                 try:
                     await self._apply_rules(net)
                 except firewall.PortConflictError as exc:
@@ -193,6 +199,101 @@ class NetnsNodeProvider(NodeProvider):
                     log.error("cluster %s: %s", cluster_id, exc.__cause__)
                 raise
 
+    async def ensure_segment(
+        self,
+        *,
+        cluster_id: str,
+        index: int | None,
+        vni: int,
+        local: str,
+        peers: set[str],
+        mtu: int,
+        names: Mapping[str, str],
+        egress: bool | None = None,
+    ) -> None:
+        """Join the cluster's network to its VXLAN segment (a cluster that
+        spans hosts; docs/hosts.md): the VNI device on the bridge with one
+        forwarding entry per other host, the segment's MTU on the bridge and
+        every node here, and the names of the cluster's nodes elsewhere in
+        its /etc/hosts. ``index`` is the network the control plane chose (a
+        host agent adopts it); None uses this provider's own network of the
+        cluster (the server's side). Idempotent."""
+        state = await self._loaded()
+        async with self._cluster_lock(cluster_id):
+            await self._segment(
+                state,
+                cluster_id=cluster_id,
+                index=index,
+                vni=vni,
+                local=local,
+                peers=peers,
+                mtu=mtu,
+                names=names,
+                egress=egress,
+            )
+
+    async def _segment(
+        self,
+        state: ProviderState,
+        *,
+        cluster_id: str,
+        index: int | None,
+        vni: int,
+        local: str,
+        peers: set[str],
+        mtu: int,
+        names: Mapping[str, str],
+        egress: bool | None,
+    ) -> None:
+        """``ensure_segment`` with the cluster's lock held."""
+        with _errors(f"the network of cluster {cluster_id}"):
+            layout.check_id(cluster_id, "cluster id")
+            if index is None:
+                net = await self._network(state, cluster_id)
+            else:
+                async with self._state_lock:
+                    net = state.adopt_network(cluster_id, index)
+            wanted = (vni, local, sorted(peers), mtu, dict(names))
+            if (net.vni, net.local, net.peers, net.mtu, net.names) != wanted or (
+                egress is not None and net.egress != egress
+            ):
+                async with self._state_lock:
+                    net.vni, net.local, net.peers, net.mtu = vni, local, sorted(peers), mtu
+                    net.names = dict(names)
+                    if egress is not None:
+                        net.egress = egress
+                    await self._save(state)
+            await network.ensure_bridge(cluster_id, net.index, mtu=mtu)
+            await self._ensure_segment_links(state, net)
+            for rec in state.members(cluster_id):
+                if rec.kind != "remote" and network.link_mtu(rec.layout.veth) not in (
+                    None,
+                    mtu,
+                ):
+                    await network.ensure_node_mtu(rec.layout, mtu)
+            await self._write_names(state, cluster_id)
+            await self._apply_rules(net)
+
+    async def _ensure_segment_links(self, state: ProviderState, net: ClusterNetwork) -> None:
+        assert net.vni is not None and net.local is not None
+        if not network.link_exists(net.bridge):
+            return  # made with the cluster's next node (_boot)
+        await network.ensure_vxlan(
+            net.cluster_id,
+            vni=net.vni,
+            local=net.local,
+            peers=set(net.peers),
+            mtu=net.mtu or 1450,
+        )
+
+    async def forget_network(self, cluster_id: str) -> None:
+        """Drop the cluster's network here if no node of it is left (a host
+        agent told that its host left the cluster); idempotent."""
+        state = await self._loaded()
+        async with self._cluster_lock(cluster_id):
+            if cluster_id in state.networks and not state.members(cluster_id):
+                await self._forget(state, [], cluster_id)
+
     async def _save(self, state: ProviderState) -> None:
         with _errors("saving netns provider state"):
             await asyncio.to_thread(state.save, self._cfg.state_file)
@@ -210,10 +311,11 @@ class NetnsNodeProvider(NodeProvider):
                 net = state.allocate_network(cluster_id, taken=taken)
                 if net is None:
                     raise ProviderError("all 256 cluster networks of 10.231.0.0/16 are in use")
+                net.mtu = self._cfg.cluster_mtu
                 await self._save(state)
             # Made while still holding the host lock: the address on the
             # bridge is what tells other servers the subnet is taken.
-            await network.ensure_bridge(cluster_id, net.index)
+            await network.ensure_bridge(cluster_id, net.index, mtu=net.mtu)
         return net
 
     async def _add_record(self, state: ProviderState, rec: NodeRecord) -> None:
@@ -229,9 +331,13 @@ class NetnsNodeProvider(NodeProvider):
         """The cluster network's /etc/hosts (every node and service node) and
         an empty resolv.conf. Rewritten in place, never replaced: nodes see
         the files through bind mounts, which follow the inode."""
-        members = sorted(state.members(cluster_id), key=lambda r: r.hostname)
+        names = {r.hostname: r.address for r in state.members(cluster_id)}
+        net = state.networks.get(cluster_id)
+        if net is not None:
+            # Nodes of the cluster on other hosts (a cluster that spans hosts).
+            names = {**net.names, **names}
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{r.address}\t{r.hostname}" for r in members]
+        lines += [f"{address}\t{hostname}" for hostname, address in sorted(names.items())]
         hosts = "\n".join(lines) + "\n"
         resolv = "# the cluster network has no DNS: names come from /etc/hosts\n"
 
@@ -259,6 +365,7 @@ class NetnsNodeProvider(NodeProvider):
                 # the next delete removes the rules again (idempotent).
                 with _errors(f"firewall rules of cluster {cluster_id}"):
                     await firewall.remove(cluster_id, gone.index)
+                    await network.delete_vxlan(cluster_id)
                 self._applied.pop(cluster_id, None)
             await self._save(state)
             if not last:
@@ -297,6 +404,7 @@ class NetnsNodeProvider(NodeProvider):
             daemons=daemons,
             hosts_file=self._names_dir(rec.cluster_id) / "hosts",
             resolv_file=self._names_dir(rec.cluster_id) / "resolv.conf",
+            devices=self._cfg.devices if rec.kind == "gpu" else None,
         )
 
     async def _volume_dir(self, volume_id: str | None) -> Path | None:
@@ -321,8 +429,8 @@ class NetnsNodeProvider(NodeProvider):
             "GPUCLUSTERS_AGENT_NODE_FILE": NODE_FILE,
             "GPUCLUSTERS_AGENT_SOCKET": AGENT_SOCKET,
             # The embedded fleet's GPUs are simulated device nodes, whatever
-            # GPUs this host may have.
-            "GPUCLUSTERS_AGENT_GPU_BACKEND": "simulated",
+            # GPUs this host may have; a host agent on a GPU host says "auto".
+            "GPUCLUSTERS_AGENT_GPU_BACKEND": self._cfg.gpu_backend,
         }
         return (Daemon(AGENT, (sys.executable, "-m", "gpuclusters.agent"), env),)
 
@@ -330,13 +438,20 @@ class NetnsNodeProvider(NodeProvider):
         net = await self._network(state, rec.cluster_id)
         daemons = self._boot_daemons(rec)
         missing = await self._missing(rec)
+        started = False
         if missing:
             shared = await self._volume_dir(rec.volume_id)
             if "cluster bridge" in missing:
-                await network.ensure_bridge(rec.cluster_id, net.index)
+                await network.ensure_bridge(rec.cluster_id, net.index, mtu=net.mtu)
+                if net.vni is not None:
+                    await self._ensure_segment_links(state, net)
             spec = self._boot_spec(rec, net, shared, daemons)
-            if await machine.boot(spec, bridge=net.bridge):
-                return  # the boot helper started the daemons itself
+            # True: the boot helper started the daemons itself.
+            started = await machine.boot(spec, bridge=net.bridge)
+        if net.mtu is not None and network.link_mtu(rec.layout.veth) != net.mtu:
+            await network.ensure_node_mtu(rec.layout, net.mtu)
+        if started:
+            return
         # Up already: only make sure its daemons run (spawn is idempotent).
         for d in daemons:
             await self._shell(rec).spawn(d.name, d.argv, env=d.env)
@@ -389,10 +504,16 @@ class NetnsNodeProvider(NodeProvider):
         exists: intent first)."""
         await self._network(state, rec.cluster_id)
         async with self._state_lock:
-            address = state.allocate_address(rec.cluster_id)
-            if address is None:
-                raise PermanentProviderError(f"cluster {rec.cluster_name} has no free address")
-            rec.address = address
+            if not rec.address:
+                address = state.allocate_address(rec.cluster_id)
+                if address is None:
+                    raise PermanentProviderError(f"cluster {rec.cluster_name} has no free address")
+                rec.address = address
+            elif any(
+                r.address == rec.address and r.node_id != rec.node_id
+                for r in state.members(rec.cluster_id)
+            ):
+                raise PermanentProviderError(f"address {rec.address} is taken on this host")
         await self._add_record(state, rec)
 
     # -- NodeProvider -------------------------------------------------------
@@ -401,6 +522,12 @@ class NetnsNodeProvider(NodeProvider):
         return list(self._cfg.fleet)
 
     async def create(self, spec: NodeSpec) -> Instance:
+        return await self.create_at(spec, address=None)
+
+    async def create_at(self, spec: NodeSpec, *, address: str | None) -> Instance:
+        """``create`` at an address the control plane chose (a host agent's
+        node of a cluster that spans hosts; its network was set up by
+        ``ensure_segment`` first). None: the provider picks the address."""
         state = await self._loaded()
         async with self._cluster_lock(spec.cluster_id):
             rec = state.nodes.get(spec.node_id)
@@ -432,11 +559,13 @@ class NetnsNodeProvider(NodeProvider):
                 compute_class=spec.compute_class,
                 volume_id=spec.volume_id,
                 labels=dict(spec.labels),
-                address="",
+                address=address or "",
                 ns_dir=str(self._cfg.ns_dir),
                 nodes_dir=str(self._cfg.nodes_dir),
             )
             self._validated(state, rec)
+            if address is not None and spec.cluster_id not in state.networks:
+                raise ProviderError(f"cluster {spec.cluster_id} has no segment on this host yet")
             await self._volume_dir(spec.volume_id)  # fail before allocating anything
             with _errors(f"placing node {spec.name}"):
                 await self._place(state, rec)

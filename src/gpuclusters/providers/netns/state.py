@@ -29,7 +29,10 @@ from gpuclusters.linux import layout
 from gpuclusters.linux.layout import NodeLayout
 
 VERSION = 1
-NodeKind = Literal["gpu", "service"]
+# "remote": a GPU node another host runs (through its host agent); kept
+# here on the server so that the cluster's addresses and names have one
+# owner. The namespaces of such a node are the other host's business.
+NodeKind = Literal["gpu", "service", "remote"]
 
 
 @dataclass(slots=True)
@@ -90,6 +93,15 @@ class ClusterNetwork:
     # host reboot.
     egress: bool = False
     forwards: dict[str, GatewayForward] = field(default_factory=dict)
+    # A cluster that spans hosts: its VXLAN segment (VNI, this host's
+    # underlay address, the other hosts' underlay addresses), the segment's
+    # MTU, and the names of the cluster's nodes on other hosts (for
+    # /etc/hosts). None/empty for a cluster that lives on one host only.
+    vni: int | None = None
+    local: str | None = None
+    peers: list[str] = field(default_factory=list)
+    mtu: int | None = None
+    names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterNetwork:
@@ -148,6 +160,22 @@ class ProviderState:
     def members(self, cluster_id: str) -> list[NodeRecord]:
         return [r for r in self.nodes.values() if r.cluster_id == cluster_id]
 
+    def adopt_network(self, cluster_id: str, index: int) -> ClusterNetwork:
+        """The cluster's network at the index the control plane chose (a host
+        agent's side of a cluster that spans hosts)."""
+        net = self.networks.get(cluster_id)
+        if net is not None:
+            if net.index != index:
+                raise StateError(
+                    f"cluster {cluster_id} has network {net.index} here, asked for {index}"
+                )
+            return net
+        if any(n.index == index for n in self.networks.values()):
+            raise StateError(f"network index {index} is used by another cluster on this host")
+        net = ClusterNetwork(cluster_id, index, layout.bridge_name(cluster_id))
+        self.networks[cluster_id] = net
+        return net
+
     def service_node(self, cluster_id: str, role: str) -> NodeRecord | None:
         for r in self.nodes.values():
             if r.kind == "service" and r.cluster_id == cluster_id and r.role == role:
@@ -156,7 +184,7 @@ class ProviderState:
 
     def node_on_host(self, host: str) -> NodeRecord | None:
         for r in self.nodes.values():
-            if r.kind == "gpu" and r.host == host:
+            if r.kind in ("gpu", "remote") and r.host == host:
                 return r
         return None
 

@@ -9,7 +9,8 @@
   reboot wipes the embedded fleet's namespaces) and the node reconciler
   rebuilds those instead;
 * drop lifecycle events older than the retention (72 h by default);
-* open a ``heartbeat_missed`` alert on running nodes whose agent went silent.
+* open a ``heartbeat_missed`` alert on running nodes whose agent went silent;
+* mark hosts whose host agent went silent ``unreachable`` (docs/hosts.md).
 
 Orphan collection never deletes an instance whose node row is live, and the
 node row always exists before its instance is asked for, so it cannot race
@@ -24,11 +25,11 @@ from datetime import timedelta
 
 from sqlalchemy import delete, select
 
-from gpuclusters.core.enums import EventReason, NodePhase
-from gpuclusters.providers.base import InstanceState
+from gpuclusters.core.enums import EventReason, HostAgentStatus, NodePhase
+from gpuclusters.providers.base import InstanceState, ProviderError
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.alerts import note_missed_heartbeats
-from gpuclusters.server.db.models import Node, NodeEvent, utcnow
+from gpuclusters.server.db.models import Host, Node, NodeEvent, utcnow
 from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 
@@ -65,7 +66,13 @@ async def check_running_nodes(rt: Runtime) -> int:
     for node in nodes:
         if node.id not in rt.verified_nodes:
             continue  # not yet checked since start: the node reconciler rebuilds it if lost
-        inst = await rt.provider.status(node.id)
+        try:
+            inst = await rt.provider.status(node.id)
+        except ProviderError as exc:
+            # Cannot tell (its host agent is unreachable): the node is left
+            # as it is, to the health rules; never failed on a guess.
+            log.info("node %s: status unknown: %s", node.name, exc)
+            continue
         if inst.state not in (InstanceState.MISSING, InstanceState.FAILED):
             continue
         message = inst.message or f"provider reports the node {inst.state.value}"
@@ -95,10 +102,42 @@ async def missed_heartbeats(rt: Runtime) -> int:
     return await note_missed_heartbeats(rt, missed_after_s=rt.settings.heartbeat_timeout_s)
 
 
+async def sweep_unreachable_hosts(rt: Runtime) -> list[str]:
+    """Hosts whose agent went silent become ``unreachable``; returns them."""
+    cutoff = utcnow() - timedelta(seconds=rt.settings.host_agent_timeout_s)
+    async with rt.sessionmaker() as session:
+        silent = list(
+            await session.scalars(
+                select(Host).where(
+                    Host.agent_status.in_(
+                        [HostAgentStatus.READY.value, HostAgentStatus.JOINING.value]
+                    ),
+                    Host.last_heartbeat_at.is_not(None),
+                    Host.last_heartbeat_at < cutoff,
+                )
+            )
+        )
+        for host in silent:
+            log.warning(
+                "host %s: no heartbeat since %s; unreachable (nothing on it is deleted)",
+                host.name,
+                host.last_heartbeat_at,
+            )
+            host.agent_status = HostAgentStatus.UNREACHABLE.value
+        await session.commit()
+    return [h.name for h in silent]
+
+
 async def run_housekeeping(rt: Runtime) -> None:
     """Loop forever (until cancelled); one failing chore does not stop the others."""
     while True:
-        for chore in (collect_orphans, check_running_nodes, expire_events, missed_heartbeats):
+        for chore in (
+            sweep_unreachable_hosts,
+            collect_orphans,
+            check_running_nodes,
+            expire_events,
+            missed_heartbeats,
+        ):
             try:
                 await chore(rt)
             except asyncio.CancelledError:

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.placement import HostSlot, describe_free, free_hosts, place_nodes
 from gpuclusters.core.capacity.preemption import PreemptibleNode, choose_victims
-from gpuclusters.core.enums import ComputeClass, HostState, NodePhase
+from gpuclusters.core.enums import ComputeClass, HostAgentStatus, HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.server.db.capacity import held_back_for
 from gpuclusters.server.db.models import Cluster, Host, Node, utcnow
@@ -80,7 +80,10 @@ async def host_slots(session: AsyncSession) -> tuple[list[HostSlot], dict[str, H
             gpu_type=h.gpu_type,
             region=h.region,
             ib_island=h.ib_island,
-            free=h.state == HostState.AVAILABLE.value and h.id not in busy,
+            # A host agent that is not heartbeating gets nothing new.
+            free=h.state == HostState.AVAILABLE.value
+            and h.id not in busy
+            and h.agent_status in (None, HostAgentStatus.READY.value),
         )
         for h in hosts
     ]

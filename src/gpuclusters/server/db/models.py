@@ -142,6 +142,30 @@ class Host(Base):
     state: Mapped[str] = mapped_column(String(16), default="available")
     in_fleet: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Hosts with a host agent (docs/hosts.md); fleet-file hosts have none of
+    # these. ``agent_status``: joining -> ready <-> unreachable; removed.
+    agent_status: Mapped[str | None] = mapped_column(String(16), default=None)
+    address: Mapped[str | None] = mapped_column(String(64), default=None)
+    agent_port: Mapped[int | None] = mapped_column(Integer, default=None)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    inventory: Mapped[str | None] = mapped_column(Text, default=None)  # JSON
+    secret_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+    cert_fingerprint: Mapped[str | None] = mapped_column(String(128), default=None)
+
+
+class HostJoinToken(Base):
+    """A one-use token that lets a host agent join as host ``host_name``
+    (made by ``gpuclusters hosts add``). Only its SHA-256 is stored."""
+
+    __tablename__ = "host_join_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    host_name: Mapped[str] = mapped_column(String(64))
+    region: Mapped[str] = mapped_column(String(64))
+    ib_island: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class Volume(LeaseMixin, Base):

@@ -3,6 +3,7 @@ of hosts from the provider's fleet."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 from sqlalchemy import select
@@ -10,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
 from gpuclusters.core.catalog import GPU_TYPES
-from gpuclusters.core.enums import ComputeClass, HostState
+from gpuclusters.core.enums import ComputeClass, HostAgentStatus, HostState
 from gpuclusters.core.errors import InvalidStateError, NotFoundError, ValidationError
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.server.controllers import hints
@@ -25,7 +26,10 @@ async def sync_hosts(session: AsyncSession, fleet: list[HostSpec]) -> None:
     """Make the hosts table match the fleet. Hosts that left the fleet are
     kept (nodes may still reference them) but marked out of the fleet, so
     nothing new is placed there."""
-    existing = {h.name: h for h in await session.scalars(select(Host))}
+    # Hosts with a host agent join through the API, not the fleet file.
+    existing = {
+        h.name: h for h in await session.scalars(select(Host).where(Host.agent_status.is_(None)))
+    }
     for spec in fleet:
         host = existing.pop(spec.name, None)
         if host is None:
@@ -106,6 +110,10 @@ async def list_hosts(
             cluster=cluster_name,
             compute_class=ComputeClass(node.compute_class) if node else None,
             node_phase=node.phase if node else None,
+            agent_status=HostAgentStatus(h.agent_status) if h.agent_status else None,
+            address=h.address,
+            last_heartbeat_at=h.last_heartbeat_at,
+            inventory=json.loads(h.inventory) if h.inventory else None,
         )
         for h, node, cluster_name in rows
     ]

@@ -1,0 +1,1 @@
+"""Nodes on other machines, through their host agents (docs/hosts.md)."""
