@@ -16,6 +16,8 @@ from gpuclusters.cli import (
     capacity,
     clusters,
     health,
+    hostagent,
+    hosts_add,
     login,
     nodes,
     org,
@@ -38,6 +40,8 @@ app.command("events")(nodes.events)
 app.command("usage")(usage.usage)
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(org.hosts_app, name="hosts")
+org.hosts_app.command("add")(hosts_add.hosts_add)
+app.add_typer(hostagent.app, name="host-agent")
 app.add_typer(capacity.app, name="capacity")
 app.add_typer(health.alerts_app, name="alerts")
 app.add_typer(health.health_app, name="health")

@@ -90,11 +90,14 @@ def hosts_table(hosts: Sequence[Host]) -> RenderableType:
         "NVME_GIB",
         "IB_ISLAND",
         "STATE",
+        "AGENT",
         "CLUSTER",
         "NODE",
         "CLASS",
     )
     for h in hosts:
+        agent = h.agent_status.value if h.agent_status else "-"
+        agent_style = "green" if agent == "ready" else "red" if agent == "unreachable" else ""
         t.add_row(
             h.name,
             h.region,
@@ -103,6 +106,7 @@ def hosts_table(hosts: Sequence[Host]) -> RenderableType:
             str(h.nvme_gib),
             h.ib_island,
             Text(h.state.value, style="yellow" if h.state is HostState.CORDONED else ""),
+            Text(agent, style=agent_style),
             optional(h.cluster),
             optional(h.node),
             optional(h.compute_class.value if h.compute_class else None),
@@ -299,6 +303,22 @@ def hosts_uncordon(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> Non
     _host_action("uncordon", name, output)
 
 
+@hosts_app.command("drain")
+@api_command
+def hosts_drain(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Empty a host: cordon it, preempt a preemptible node (with notice) and
+    move a standard node to another host (an approved migrate repair)."""
+    _host_action("drain", name, output)
+
+
+@hosts_app.command("remove")
+@api_command
+def hosts_remove(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Take a host with a host agent out of the fleet (it must hold no node:
+    drain it first). Its agent's credentials stop working."""
+    _host_action("remove", name, output)
+
+
 @gpu_types_app.command("list")
 @api_command
 def gpu_types_list(output: OutputOpt = OutputFormat.TABLE) -> None:
@@ -324,3 +344,32 @@ def whoami(output: OutputOpt = OutputFormat.TABLE) -> None:
         me = client.whoami()
         url = client.url
     emit(output, me, render=lambda: whoami_view(me, url=url))
+
+
+@hosts_app.command("join-token")
+@api_command
+def hosts_join_token(
+    name: Annotated[str, typer.Argument(help="the host's name in the fleet")],
+    ib_island: Annotated[str | None, typer.Option("--ib-island")] = None,
+    region: Annotated[str | None, typer.Option("--region")] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """A one-use token for a host agent to join with, for installing a host
+    by hand (`hosts add` makes and uses one itself): run
+    `gpuclusters host-agent join --server URL --token T --ca-fingerprint FP ...`
+    on the host."""
+    with open_client() as client:
+        token = client.hosts.join_token(name, region=region, ib_island=ib_island)
+    emit(
+        output,
+        token,
+        render=lambda: details(
+            [
+                ("name", token.name),
+                ("token", token.token),
+                ("expires", clock(token.expires_at)),
+                ("server", optional(token.server_url)),
+                ("ca fingerprint", optional(token.ca_fingerprint)),
+            ]
+        ),
+    )

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuclusters.client._session import Session, body_of, quote_name
+from gpuclusters.core.errors import NotFoundError
 from gpuclusters.core.models import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -19,6 +20,7 @@ from gpuclusters.core.models import (
     CapacityCreate,
     GpuType,
     Host,
+    HostJoinToken,
     Project,
     ProjectCreate,
     ProjectMember,
@@ -99,6 +101,31 @@ class HostsAPI:
 
     def uncordon(self, name: str) -> Host:
         return self._s.send("POST", f"/v1/hosts/{name}/uncordon", model=Host)
+
+    def get(self, name: str) -> Host:
+        for host in self.list():
+            if host.name == name:
+                return host
+        raise NotFoundError(f"host {name!r} not found in the fleet", field="name")
+
+    def drain(self, name: str) -> Host:
+        """Cordon the host and move whatever runs there elsewhere."""
+        return self._s.send("POST", f"/v1/hosts/{name}/drain", model=Host)
+
+    def remove(self, name: str) -> Host:
+        """Take an empty host with a host agent out of the fleet."""
+        return self._s.send("DELETE", f"/v1/hosts/{name}", model=Host)
+
+    def join_token(
+        self, name: str, *, region: str | None = None, ib_island: str | None = None
+    ) -> HostJoinToken:
+        """A one-use token for the host agent of ``name`` to join with."""
+        body: dict[str, Any] = {"name": name}
+        if region is not None:
+            body["region"] = region
+        if ib_island is not None:
+            body["ib_island"] = ib_island
+        return self._s.send("POST", "/v1/hosts/join-tokens", model=HostJoinToken, json=body)
 
 
 class GpuTypesAPI:
