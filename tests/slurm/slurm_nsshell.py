@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Mapping, Sequence
+import sys
 from pathlib import Path
 
 from gpuclusters.core.nodeshell import CommandResult, NodeCommandError
@@ -33,6 +34,10 @@ class NsenterShell:
     @property
     def address(self) -> str:
         return self._address
+
+    @property
+    def python(self) -> str:
+        return sys.executable
 
     def _prefix(self) -> list[str]:
         n = self._name

@@ -38,8 +38,8 @@ init, sshd the only way in) boot them here as ``systemd-nspawn`` containers:
   where there is none), ``--capability=all`` (netns, veth/bridge/VXLAN,
   unshare, overlay/tmpfs/bind mounts, iptables as root inside),
   ``--network-namespace-path`` (the namespace prepared above),
-  ``--hostname``, ``--suppress-sync=yes`` (fsync is a no-op: faster, and a
-  test host's disk need not survive a crash of this machine),
+  ``--hostname`` (not ``--suppress-sync``: it makes open(2) with O_SYNC fail
+  with EINVAL, and containerd writes its content store that way),
   ``--link-journal=no``, ``--resolv-conf=off``, ``--timezone=off`` (the
   image's own files), ``--console=read-only`` (the console goes to
   ``console.log``). Environment: ``SYSTEMD_NSPAWN_API_VFS_WRITABLE=network``
@@ -385,7 +385,6 @@ class DebianHost:
             f"--directory={self.root}",
             f"--machine={self.machine}",
             f"--hostname={self.name}",
-            "--suppress-sync=yes",
             "--link-journal=no",
             "--resolv-conf=off",
             "--timezone=off",

@@ -137,28 +137,24 @@ def _project_root() -> Path:
 
 def _wheelhouse(given: Path | None) -> Path:
     """A directory of wheels of this gpuclusters and its dependencies, for
-    the host's Python (3.11 on Debian 12), cached by the project's version
-    and dependency list."""
+    the host's Python (3.11 on Debian 12). The dependencies are cached by
+    the project's dependency list; gpuclusters' own wheel is built anew."""
     if given is not None:
         if not any(given.glob("gpuclusters-*.whl")):
             raise ValidationError(f"--wheelhouse {given} holds no gpuclusters wheel")
         return given
     root = _project_root()
-    digest = hashlib.sha256((root / "pyproject.toml").read_bytes())
-    for src in sorted((root / "src").rglob("*")):
-        if src.is_file() and "__pycache__" not in src.parts:
-            digest.update(str(src.relative_to(root)).encode())
-            digest.update(src.read_bytes())
+    digest = hashlib.sha256((root / "pyproject.toml").read_bytes()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuclusters"
-    out = cache / f"wheelhouse-{digest.hexdigest()[:16]}"
-    if (out / ".complete").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(out), str(root)],
-        check=True,
-    )
-    (out / ".complete").write_text("")
+    out = cache / f"wheelhouse-{digest}"
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(out)]
+    if not (out / ".complete").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*pip, str(root)], check=True)
+        (out / ".complete").write_text("")
+    for old in out.glob("gpuclusters-*.whl"):
+        old.unlink()
+    subprocess.run([*pip, "--no-deps", str(root)], check=True)
     return out
 
 

@@ -48,6 +48,12 @@ class NodeShell(Protocol):
     def address(self) -> str:
         """The node's IP address on its cluster's network."""
 
+    @property
+    def python(self) -> str:
+        """The Python interpreter with gpuclusters installed that the node
+        sees (its host's: the server's on its own machine, the host agent's
+        on a GPU host), for the project's programs run in nodes."""
+
     async def run(
         self,
         argv: Sequence[str],

@@ -130,7 +130,9 @@ def make_app(
     @app.get("/v1/nodes/{node_id}/shell")
     async def shell_info(node_id: str) -> wire.ShellInfo:
         sh = await shell(node_id)
-        return wire.ShellInfo(hostname=sh.hostname, address=sh.address, enter=sh.exec_argv([]))
+        return wire.ShellInfo(
+            hostname=sh.hostname, address=sh.address, enter=sh.exec_argv([]), python=sh.python
+        )
 
     @app.post("/v1/nodes/{node_id}/run")
     async def run(node_id: str, body: wire.Run) -> wire.RunResult:

@@ -89,6 +89,12 @@ class NamespaceShell:
     def address(self) -> str:
         return self._address
 
+    @property
+    def python(self) -> str:
+        # Nodes see this process's interpreter and package at the same
+        # paths (the provider shares them into every node).
+        return sys.executable
+
     def _nsenter(self) -> list[str]:
         _unlimit_memlock()  # nsenter and the command inherit it
         return ["nsenter", *self._node.nsenter_args(), "--"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -427,7 +426,7 @@ async def prepare_node(
 
     async def images_and_registry() -> None:
         await ensure_images(node, images)
-        await node.spawn(cfg.REGISTRY, cfg.registry_argv(sys.executable))
+        await node.spawn(cfg.REGISTRY, cfg.registry_argv(node.python))
 
     _, _, kubelet_config, proxy_config = await asyncio.gather(
         images_and_registry(),

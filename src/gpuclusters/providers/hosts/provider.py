@@ -316,7 +316,12 @@ class HostsNodeProvider(NetnsNodeProvider):
         client = await self._client(rec.host)
         info = await client.shell_info(node_id)
         return RemoteShell(
-            client, node_id, hostname=info.hostname, address=info.address, enter=info.enter
+            client,
+            node_id,
+            hostname=info.hostname,
+            address=info.address,
+            enter=info.enter,
+            python=info.python,
         )
 
     async def ensure_gateway(

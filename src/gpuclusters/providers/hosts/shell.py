@@ -14,13 +14,21 @@ from gpuclusters.providers.hosts.agent_client import AgentClient
 
 class RemoteShell:
     def __init__(
-        self, client: AgentClient, node_id: str, *, hostname: str, address: str, enter: list[str]
+        self,
+        client: AgentClient,
+        node_id: str,
+        *,
+        hostname: str,
+        address: str,
+        enter: list[str],
+        python: str,
     ) -> None:
         self._client = client
         self._node_id = node_id
         self._hostname = hostname
         self._address = address
         self._enter = enter
+        self._python = python
 
     @property
     def hostname(self) -> str:
@@ -29,6 +37,10 @@ class RemoteShell:
     @property
     def address(self) -> str:
         return self._address
+
+    @property
+    def python(self) -> str:
+        return self._python
 
     async def run(
         self,

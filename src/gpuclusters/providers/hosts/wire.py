@@ -56,6 +56,8 @@ class ShellInfo(_Body):
     address: str
     # The host command line that enters the node (for an operator's terminal).
     enter: list[str]
+    # The host's Python with gpuclusters (what nodes run the project's tools with).
+    python: str
 
 
 class Run(_Body):

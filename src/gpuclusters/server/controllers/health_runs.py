@@ -13,7 +13,6 @@ reason.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,8 +48,9 @@ async def run_check_on_node(
     if access is None:
         return {"state": "skipped", "reason": "no shell on this provider's nodes"}
     thresholds = rt.settings.health_thresholds.get(gpu_type, {})
+    shell = await access.shell(node_id)
     argv = [
-        sys.executable,
+        shell.python,
         "-m",
         "gpuclusters.agent.checks",
         check,
@@ -72,7 +72,6 @@ async def run_check_on_node(
                 "output": result.stderr[-2000:],
             }
     if result is None:
-        shell = await access.shell(node_id)
         result = await shell.run(argv, check=False, timeout_s=timeout)
     try:
         outcome = json.loads(result.stdout.strip().splitlines()[-1])
