@@ -82,6 +82,8 @@ def lab(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> It
         # overlay root).
         real_fs_dirs=("/var/lib/containerd", AGENT_HOME),
         routes=[f"{gateway}/32"],
+        # kubelet reads the kernel log (its OOM watcher); a real host has it.
+        extra_nspawn_args=["--bind-ro=/dev/kmsg"],
     ) as debs:
         server.env.update(
             GPUCLUSTERS_TLS="on",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Mapping, Sequence
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuclusters.core.nodeshell import CommandResult, NodeCommandError

@@ -9,6 +9,7 @@ file exists). Intervals are milliseconds; every wait is a poll with a timeout.
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import tempfile
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -26,8 +28,14 @@ from gpuclusters.agent import __main__ as agent_main
 from gpuclusters.agent import gpus as gpus_mod
 from gpuclusters.agent.deviceplugin import api_pb2 as pb
 from gpuclusters.agent.deviceplugin import api_pb2_grpc as pb_grpc
-from gpuclusters.agent.deviceplugin.plugin import DevicePluginRunner
-from gpuclusters.agent.gpus import SimulatedGpus
+from gpuclusters.agent.deviceplugin import plugin as plugin_mod
+from gpuclusters.agent.deviceplugin.plugin import DevicePluginRunner, GpuDevicePlugin, NodeDevices
+from gpuclusters.agent.gpus import GpuInfo, SimulatedGpus
+from gpuclusters.linux.devices import DeviceSet
+from gpuclusters.providers.base import HostSpec
+from gpuclusters.providers.netns.config import NetnsProviderConfig
+from gpuclusters.providers.netns.provider import NetnsNodeProvider
+from gpuclusters.providers.netns.state import ClusterNetwork, NodeRecord
 
 TIMEOUT_S = 10.0
 UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -388,3 +396,245 @@ def test_agent_starts_the_plugin_only_when_wanted(
     finally:
         runner.stop()
     assert not runner.socket_path.exists()
+
+
+# -- real GPUs: node.json's devices -------------------------------------------------
+
+
+class RealGpus:
+    """A GpuBackend of GPUs whose device nodes are named after minors that
+    differ from their indices (as NVML's may)."""
+
+    name = "nvml"
+
+    def __init__(self, dev_dir: Path, minors: list[int]) -> None:
+        self._gpus = [
+            GpuInfo(
+                index=i,
+                name="NVIDIA H100 80GB HBM3",
+                memory_gib=80,
+                device=str(dev_dir / f"nvidia{minor}"),
+                present=True,
+                uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            )
+            for i, minor in enumerate(minors)
+        ]
+        self.count = len(self._gpus)
+
+    def inventory(self) -> list[GpuInfo]:
+        return list(self._gpus)
+
+    def health(self) -> list[Any]:
+        return []
+
+
+@dataclass
+class GpuNode:
+    dev_dir: Path
+    lib_dir: Path
+    bin_dir: Path
+    gpus: RealGpus
+    info: dict[str, Any]  # node.json's devices
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path) -> GpuNode:
+    """A node's view of four real GPUs (minors 1, 0, 2, 3 for indices 0..3),
+    their control nodes and the driver's files, as node.json describes them."""
+    dev, lib, bin_ = tmp_path / "dev", tmp_path / "lib", tmp_path / "bin"
+    for d in (dev / "nvidia-caps", dev / "infiniband", lib, bin_):
+        d.mkdir(parents=True)
+    names = [f"nvidia{i}" for i in range(4)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+    names += ["nvidia-caps/nvidia-cap1", "infiniband/uverbs0"]
+    for name in names:
+        (dev / name).touch()
+    real = lib / "libcuda.so.550.54.15"
+    real.touch()
+    (lib / "libcuda.so.1").symlink_to(real.name)  # ldconfig's soname link
+    (lib / "libcuda.so").symlink_to("libcuda.so.1")  # and the development one
+    (lib / "libnvidia-ml.so.550.54.15").touch()
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.550.54.15")
+    (lib / "libother.so.1").symlink_to("libother.so.1.0")  # not the driver's
+    (lib / "libother.so.1.0").touch()
+    (bin_ / "nvidia-smi").touch()
+    # node.json's devices: what the netns provider writes (node-side paths);
+    # nvidia-modeset and one library are listed but gone from the node.
+    info = {
+        "device_nodes": [f"/dev/{n}" for n in names[:4]]
+        + ["/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        + ["/dev/nvidia-caps/nvidia-cap1", "/dev/infiniband/uverbs0", "/dev/nvidiactl"],
+        "mounts": [
+            [f"/host{real}", str(real)],
+            [f"/host{lib}/libnvidia-ml.so.550.54.15", f"{lib}/libnvidia-ml.so.550.54.15"],
+            [f"/host{lib}/libgone.so.550.54.15", f"{lib}/libgone.so.550.54.15"],
+            [f"/host{bin_}/nvidia-smi", f"{bin_}/nvidia-smi"],
+        ],
+        "library_dirs": [str(lib)],
+    }
+    return GpuNode(dev, lib, bin_, RealGpus(dev, [1, 0, 2, 3]), info)
+
+
+class NoAbort:
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise AssertionError(f"Allocate aborted: {code} {details}")
+
+
+def allocate(plugin: GpuDevicePlugin, *requests: list[str]) -> list[pb.ContainerAllocateResponse]:
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in requests]
+    )
+    context: Any = NoAbort()
+    return list(plugin.Allocate(request, context).container_responses)
+
+
+def test_node_devices_from_node_info() -> None:
+    devices = NodeDevices.from_node_info(
+        {
+            "device_nodes": ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia0"],
+            "mounts": [["/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"]],
+        }
+    )
+    assert devices == NodeDevices(
+        device_nodes=("/dev/nvidia0", "/dev/nvidiactl"), mounts=("/usr/bin/nvidia-smi",)
+    )
+    bad: Any
+    for bad in (
+        [],
+        {"device_nodes": "/dev/nvidia0"},
+        {"device_nodes": ["/tmp/nvidia0"]},
+        {"device_nodes": ["/dev/../etc/shadow"]},
+        {"mounts": [["/usr/bin/nvidia-smi"]]},
+        {"mounts": [["/x", "relative"]]},
+        {"library_dirs": ["lib"]},
+    ):
+        with pytest.raises(ValueError):
+            NodeDevices.from_node_info(bad)
+
+
+def test_allocate_with_real_devices(gpu_node: GpuNode) -> None:
+    devices = NodeDevices.from_node_info(gpu_node.info)
+    plugin = GpuDevicePlugin(gpu_node.gpus, dev_dir=gpu_node.dev_dir, devices=devices)
+    uuids = [g.uuid for g in gpu_node.gpus.inventory()]
+    dev, lib = gpu_node.dev_dir, gpu_node.lib_dir
+
+    one, two, empty = allocate(plugin, [uuids[3], uuids[0]], [uuids[2]], [])
+    # The allocated GPUs' own nodes (named after their minors), then every
+    # control node the node has, once; no other GPU's, no InfiniBand's.
+    assert [(d.container_path, d.host_path, d.permissions) for d in one.devices] == [
+        ("/dev/nvidia1", str(dev / "nvidia1"), "rw"),
+        ("/dev/nvidia3", str(dev / "nvidia3"), "rw"),
+        ("/dev/nvidiactl", str(dev / "nvidiactl"), "rw"),
+        ("/dev/nvidia-uvm", str(dev / "nvidia-uvm"), "rw"),
+        ("/dev/nvidia-uvm-tools", str(dev / "nvidia-uvm-tools"), "rw"),
+        ("/dev/nvidia-caps/nvidia-cap1", str(dev / "nvidia-caps/nvidia-cap1"), "rw"),
+    ]
+    assert [d.container_path for d in two.devices][:2] == ["/dev/nvidia2", "/dev/nvidiactl"]
+    assert "/dev/nvidia1" not in [d.container_path for d in two.devices]
+    # The driver's files at the node's paths, read-only, with the soname
+    # links ldconfig made next to them; what the node lacks is left out.
+    expected_mounts = [
+        str(lib / "libcuda.so.550.54.15"),
+        str(lib / "libnvidia-ml.so.550.54.15"),
+        str(gpu_node.bin_dir / "nvidia-smi"),
+        str(lib / "libcuda.so"),
+        str(lib / "libcuda.so.1"),
+        str(lib / "libnvidia-ml.so.1"),
+    ]
+    for c in (one, two):
+        assert [(m.container_path, m.host_path, m.read_only) for m in c.mounts] == [
+            (p, p, True) for p in expected_mounts
+        ]
+    # CUDA_VISIBLE_DEVICES counts the container's GPUs, not the node's
+    # indices; the library directory is not a default one of the loader's.
+    assert dict(one.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": f"{uuids[0]},{uuids[3]}",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "LD_LIBRARY_PATH": str(lib),
+    }
+    assert dict(two.envs)["CUDA_VISIBLE_DEVICES"] == "0"
+    assert empty == pb.ContainerAllocateResponse()
+
+
+def test_real_devices_in_default_loader_dirs_leave_ld_library_path_alone(
+    gpu_node: GpuNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plugin_mod, "DEFAULT_LOADER_DIRS", frozenset({str(gpu_node.lib_dir)}))
+    info = {**gpu_node.info, "library_dirs": []}  # none listed: the libraries' own
+    plugin = GpuDevicePlugin(
+        gpu_node.gpus, dev_dir=gpu_node.dev_dir, devices=NodeDevices.from_node_info(info)
+    )
+    (c,) = allocate(plugin, [gpu_node.gpus.inventory()[0].uuid])
+    assert "LD_LIBRARY_PATH" not in c.envs
+    monkeypatch.setattr(plugin_mod, "DEFAULT_LOADER_DIRS", frozenset())
+    (c,) = allocate(plugin, [gpu_node.gpus.inventory()[0].uuid])
+    assert c.envs["LD_LIBRARY_PATH"] == str(gpu_node.lib_dir)
+
+
+def test_simulated_allocate_is_unchanged_without_devices(node: Node) -> None:
+    plugin = GpuDevicePlugin(node.gpus, dev_dir=node.dev_dir)
+    uuids = [g.uuid for g in node.gpus.inventory()]
+    (c,) = allocate(plugin, [uuids[5], uuids[2]])
+    assert dict(c.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[5]}",
+        "CUDA_VISIBLE_DEVICES": "2,5",
+    }
+    assert [d.container_path for d in c.devices] == [
+        "/dev/nvidia2",
+        "/dev/nvidia5",
+        "/dev/nvidiactl",
+    ]
+    assert not c.mounts
+
+
+def test_agent_hands_node_json_devices_to_the_plugin(
+    node: Node, gpu_node: GpuNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCLUSTERS_AGENT_DEVICE_PLUGIN_DIR", str(node.plugin_dir))
+    runner = agent_main.start_device_plugin(node.gpus, gpu_node.info)
+    assert runner is not None
+    runner.stop()
+    assert runner.devices == NodeDevices.from_node_info(gpu_node.info)
+    # Unreadable devices: the plugin still runs, as for simulated GPUs.
+    runner = agent_main.start_device_plugin(node.gpus, {"mounts": "nope"})
+    assert runner is not None
+    runner.stop()
+    assert runner.devices is None
+
+
+def test_provider_writes_devices_into_gpu_nodes_node_json(tmp_path: Path) -> None:
+    host_dev = tmp_path / "driver" / "dev"
+    devices = DeviceSet(
+        device_nodes=(f"{host_dev}/nvidia0", f"{host_dev}/nvidiactl"),
+        mounts=(("/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),),
+        gpu_count=1,
+        dev_root=str(host_dev),
+        library_dirs=("/usr/lib/x86_64-linux-gnu",),
+    )
+    host = HostSpec(name="h1", gpu_type="H100_SXM", region="", ib_island="ib-1", num_gpus=1)
+    provider = NetnsNodeProvider(
+        NetnsProviderConfig(fleet=[host], home=tmp_path / "home", shares=(), devices=devices)
+    )
+    net = ClusterNetwork(cluster_id="c1", index=1, bridge="gcb-c1")
+
+    def record(kind: Any) -> NodeRecord:
+        return NodeRecord(
+            node_id="0123456789ab",
+            kind=kind,
+            name="n1",
+            hostname="n1",
+            cluster_id="c1",
+            cluster_name="c",
+            address="10.0.0.2",
+            ns_dir=str(tmp_path / "ns"),
+            nodes_dir=str(tmp_path / "nodes"),
+            host="h1",
+        )
+
+    info = provider._boot_spec(record("gpu"), net, None, ()).node_info
+    assert json.loads(json.dumps(info))["devices"] == {
+        "device_nodes": ["/dev/nvidia0", "/dev/nvidiactl"],
+        "mounts": [["/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"]],
+        "library_dirs": ["/usr/lib/x86_64-linux-gnu"],
+    }
+    assert NodeDevices.from_node_info(info["devices"]).control_nodes() == ["/dev/nvidiactl"]
+    assert "devices" not in provider._boot_spec(record("service"), net, None, ()).node_info

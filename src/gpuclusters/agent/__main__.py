@@ -12,7 +12,9 @@ device-plugin directory, default /var/lib/kubelet/device-plugins).
 On a node with GPUs the agent also runs the ``nvidia.com/gpu`` device plugin
 (``gpuclusters.agent.deviceplugin``) in background threads. It waits for
 kubelet's registration socket, so it is idle on nodes without Kubernetes, and
-it never takes the agent down: it logs and retries.
+it never takes the agent down: it logs and retries. Where the host bound its
+real GPUs into the node, node.json's ``devices`` says what (device nodes and
+driver files); the plugin hands those to containers too.
 
 Until the token file exists (the control plane writes it while the node
 bootstraps) the agent waits; a failed heartbeat is logged and retried at the
@@ -43,9 +45,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuclusters.agent")
 
 
-def start_device_plugin(gpus: GpuBackend) -> DevicePluginRunner | None:
+def start_device_plugin(gpus: GpuBackend, devices: object = None) -> DevicePluginRunner | None:
     """Start the Kubernetes device plugin unless it is turned off or the node
-    has no GPUs. A failure to start is logged, never fatal."""
+    has no GPUs. ``devices``: node.json's (None: simulated GPUs). A failure to
+    start is logged, never fatal; so is a ``devices`` that cannot be read (the
+    plugin then runs as for simulated GPUs)."""
     if os.environ.get("GPUCLUSTERS_AGENT_DEVICE_PLUGIN", "1") == "0":
         log.info("device plugin turned off (GPUCLUSTERS_AGENT_DEVICE_PLUGIN=0)")
         return None
@@ -54,10 +58,19 @@ def start_device_plugin(gpus: GpuBackend) -> DevicePluginRunner | None:
         return None
     try:
         from gpuclusters.agent.deviceplugin import DEFAULT_PLUGIN_DIR, DevicePluginRunner
+        from gpuclusters.agent.deviceplugin.plugin import NodeDevices
 
+        node_devices = None
+        if devices is not None:
+            try:
+                node_devices = NodeDevices.from_node_info(devices)
+            except ValueError as exc:
+                log.error("node.json's devices unusable (%s); containers get GPU nodes only", exc)
         plugin_dir = os.environ.get("GPUCLUSTERS_AGENT_DEVICE_PLUGIN_DIR")
         runner = DevicePluginRunner(
-            gpus, plugin_dir=Path(plugin_dir) if plugin_dir else DEFAULT_PLUGIN_DIR
+            gpus,
+            plugin_dir=Path(plugin_dir) if plugin_dir else DEFAULT_PLUGIN_DIR,
+            devices=node_devices,
         )
         runner.start()
     except Exception:
@@ -87,7 +100,7 @@ def main() -> None:
     client = httpx.Client(
         transport=httpx.HTTPTransport(uds=sock), base_url="http://control-plane", timeout=5
     )
-    plugin = start_device_plugin(gpus)
+    plugin = start_device_plugin(gpus, node.get("devices"))
     watcher = NodeWatcher()
     seq = 0
     while not stop.is_set():

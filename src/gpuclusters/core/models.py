@@ -7,6 +7,7 @@ Response models are what ``--output json`` prints.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import re
 from datetime import datetime
@@ -112,6 +113,9 @@ class Host(_Out):
     inventory: dict[str, Any] | None = None
 
 
+_DNS_NAME_RE = re.compile(
+    r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+)
 _HOST_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 HOST_NAME_RULE = "must be 1-63 characters of lowercase letters, digits, '.' and '-'"
 
@@ -162,6 +166,17 @@ class HostJoin(_Model):
     @classmethod
     def _name(cls, v: str) -> str:
         return check_host_name(v)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            pass
+        if not _DNS_NAME_RE.match(v):
+            raise ValueError("must be an IP address or a DNS name")
+        return v.lower()
 
 
 class HostJoined(_Model):

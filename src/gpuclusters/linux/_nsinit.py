@@ -316,8 +316,10 @@ def boot(spec: dict[str, Any]) -> None:
         os.makedirs(at("/mnt/shared"), exist_ok=True)
         bind(spec["shared"], at("/mnt/shared"))
     devices = spec.get("devices")
-    # Real devices replace the simulated nvidia* nodes (bound below).
-    make_dev(at("/dev"), 0 if devices else int(spec["gpus"]))
+    # Real GPUs replace the simulated nvidia* nodes (bound below); a host
+    # with a fabric but no GPUs keeps its simulated ones.
+    real_gpus = devices is not None and int(devices.get("gpu_count", 1)) > 0
+    make_dev(at("/dev"), 0 if real_gpus else int(spec["gpus"]))
     mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     mount("sysfs", at("/sys"), "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     if os.path.isdir("/sys/fs/cgroup"):

@@ -144,6 +144,7 @@ class DeviceSet:
             "nodes": [[path, self.node_path(path)] for path in self.device_nodes],
             "mounts": [[host, node] for host, node in self.mounts],
             "library_dirs": list(self.library_dirs),
+            "gpu_count": self.gpu_count,
         }
 
 

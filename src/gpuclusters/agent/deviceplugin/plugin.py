@@ -7,12 +7,26 @@ node's GPUs from a ``GpuBackend`` (NVML on real GPUs, simulated elsewhere), iden
 by their UUIDs; a GPU whose device node is present is ``Healthy``, any other
 is ``Unhealthy``. ``ListAndWatch`` sends the list at once and again whenever
 a poll of the backend (every ``poll_interval_s``) finds it changed.
-``Allocate`` turns device IDs into what the container needs:
-``NVIDIA_VISIBLE_DEVICES`` (the UUIDs) and ``CUDA_VISIBLE_DEVICES`` (the
-node-local indices, ascending: the convention our Slurm GRES uses too), both
-in index order, and the device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl``
-and the UVM nodes where the host has them). Unknown IDs fail the call with
-``INVALID_ARGUMENT``. No pre-start hook, no preferred allocation.
+``Allocate`` turns device IDs into what the container needs, one of two ways.
+Unknown IDs fail the call with ``INVALID_ARGUMENT``. No pre-start hook, no
+preferred allocation.
+
+* Simulated GPUs (no ``devices`` in node.json): ``NVIDIA_VISIBLE_DEVICES``
+  (the UUIDs) and ``CUDA_VISIBLE_DEVICES`` (the node-local indices, ascending:
+  the convention our Slurm GRES uses too), both in index order, and the
+  device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl`` and the UVM nodes
+  where the node has them).
+* Real GPUs (:class:`NodeDevices`, node.json's ``devices``: what the host
+  bound into the node, see ``linux/devices.py``). The node's containerd
+  (1.6) has no CDI and no NVIDIA runtime runs its containers, so the plugin
+  does the toolkit's job: the allocated GPUs' device nodes, every NVIDIA
+  control node (nvidiactl, UVM, modeset, ``/dev/nvidia-caps*/...``; never
+  another GPU's ``/dev/nvidia<N>``), the driver's files (libraries, tools
+  such as nvidia-smi, firmware, sockets) bound read-only at the paths the
+  node sees them at, together with the soname links ``ldconfig`` made next
+  to the libraries (no ldconfig runs in the container), and the envs; see
+  :meth:`GpuDevicePlugin._real_response` for ``CUDA_VISIBLE_DEVICES`` and
+  ``LD_LIBRARY_PATH``.
 
 ``DevicePluginRunner`` keeps the service registered with kubelet, in one
 supervisor thread: wait for ``<plugin_dir>/kubelet.sock``; serve the plugin on
@@ -30,10 +44,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -57,16 +74,133 @@ OPTIONAL_DEVICES = ("nvidia-uvm", "nvidia-uvm-tools")
 
 DeviceState = tuple[tuple[str, str], ...]  # ((uuid, health), ...) in index order
 
+_GPU_NODE = re.compile(r"^nvidia\d+$")
+_SHARED_OBJECT = re.compile(r"\.so(\.[0-9.]+)?$")
+# Directories the dynamic loader searches without being told (glibc's system
+# directories: the multiarch ones on Debian and Ubuntu, lib64 on Red Hat's
+# family, plain lib everywhere). Driver libraries the node sees elsewhere put
+# their directory in the container's LD_LIBRARY_PATH. An image of the other
+# family than the host's (a UBI image on a Debian host) does not search the
+# host's directory; such a pod sets LD_LIBRARY_PATH itself.
+DEFAULT_LOADER_DIRS = frozenset(
+    {
+        "/lib",
+        "/usr/lib",
+        "/lib64",
+        "/usr/lib64",
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+    }
+)
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _node_path(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r} is not an absolute path without '..'")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """The host's real GPU devices as this node sees them: node.json's
+    ``devices``, written by the netns provider from the host's ``DeviceSet``.
+    ``device_nodes`` are below /dev; ``mounts`` are the paths the node sees
+    the driver's files at (containers get them at the same paths);
+    ``library_dirs`` the folders the driver's libraries are in (the CDI
+    spec's ``update-ldcache`` folders; empty: the mounted libraries' own)."""
+
+    device_nodes: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+    library_dirs: tuple[str, ...] = ()
+
+    @classmethod
+    def from_node_info(cls, data: Any) -> NodeDevices:
+        """From node.json's ``devices``: ``{"device_nodes": [path, ...],
+        "mounts": [[host path, node path], ...], "library_dirs": [dir, ...]}``.
+        Raises ValueError when it is not that."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"devices is not a mapping: {type(data).__name__}")
+        nodes, mounts, dirs = (
+            data.get("device_nodes") or [],
+            data.get("mounts") or [],
+            data.get("library_dirs") or [],
+        )
+        if not all(isinstance(x, list) for x in (nodes, mounts, dirs)):
+            raise ValueError("devices: device_nodes, mounts and library_dirs must be lists")
+        for path in nodes:
+            if not _node_path(path, "device node").startswith("/dev/"):
+                raise ValueError(f"device node {path!r} is not below /dev")
+        node_paths = []
+        for pair in mounts:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError(f"mount {pair!r} is not a [host path, node path] pair")
+            node_paths.append(_node_path(pair[1], "mount path"))
+        return cls(
+            device_nodes=tuple(_unique(nodes)),
+            mounts=tuple(_unique(node_paths)),
+            library_dirs=tuple(_unique(_node_path(d, "library dir") for d in dirs)),
+        )
+
+    def control_nodes(self) -> list[str]:
+        """The NVIDIA device nodes every GPU container gets: all below
+        /dev/nvidia* but the GPUs' own (/dev/nvidia<N>); not InfiniBand's."""
+        out = []
+        for path in self.device_nodes:
+            top = path[len("/dev/") :].split("/")[0]
+            if top.startswith("nvidia") and not _GPU_NODE.match(top):
+                out.append(path)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _DriverEdits:
+    """What every real-GPU container gets besides its GPUs' device nodes."""
+
+    devices: tuple[tuple[str, str], ...]  # (container path, node path)
+    mounts: tuple[str, ...]
+    ld_library_path: str
+
+
+def _soname_links(files: list[str]) -> list[str]:
+    """Symbolic links next to the driver's libraries that lead to one of
+    them: the soname links ``ldconfig`` made on the host (libcuda.so.1 ->
+    libcuda.so.550.54.15), which a CDI spec leaves to a hook we do not run
+    and the container's loader needs (it looks for the soname)."""
+    libs = [f for f in files if _SHARED_OBJECT.search(os.path.basename(f))]
+    targets = {os.path.realpath(f) for f in libs}
+    links = []
+    for d in _unique(os.path.dirname(f) for f in libs):
+        try:
+            with os.scandir(d) as entries:
+                for e in entries:
+                    if ".so" in e.name and e.is_symlink() and os.path.realpath(e.path) in targets:
+                        links.append(e.path)
+        except OSError:
+            continue
+    return sorted(links)
+
 
 class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
     """The ``DevicePlugin`` gRPC service over a ``GpuBackend``. ``close()``
     ends every open ``ListAndWatch`` stream."""
 
     def __init__(
-        self, backend: GpuBackend, *, dev_dir: Path = Path("/dev"), poll_interval_s: float = 5.0
+        self,
+        backend: GpuBackend,
+        *,
+        dev_dir: Path = Path("/dev"),
+        poll_interval_s: float = 5.0,
+        devices: NodeDevices | None = None,
     ) -> None:
         self._backend = backend
         self._dev_dir = dev_dir
+        self._devices = devices
         self._poll_interval_s = poll_interval_s
         self._lock = threading.Lock()
         self._closed = False
@@ -133,6 +267,7 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
         by_uuid = {g.uuid: g for g in self._backend.inventory()}
+        edits = self._driver_edits() if self._devices is not None else None
         response = pb.AllocateResponse()
         for creq in request.container_requests:
             unknown = [d for d in creq.devices_ids if d not in by_uuid]
@@ -142,7 +277,10 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
                     grpc.StatusCode.INVALID_ARGUMENT, f"unknown device ids: {', '.join(unknown)}"
                 )
             gpus = sorted({by_uuid[d] for d in creq.devices_ids}, key=lambda g: g.index)
-            response.container_responses.append(self._container_response(gpus))
+            if edits is None:
+                response.container_responses.append(self._container_response(gpus))
+            else:
+                response.container_responses.append(self._real_response(gpus, edits))
         return response
 
     def PreStartContainer(
@@ -152,12 +290,8 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
 
     # -- helpers --------------------------------------------------------------
 
-    def _container_response(self, gpus: list[GpuInfo]) -> pb.ContainerAllocateResponse:
-        out = pb.ContainerAllocateResponse()
-        if not gpus:
-            return out
-        out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
-        out.envs["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in gpus)
+    @staticmethod
+    def _gpu_devices(out: pb.ContainerAllocateResponse, gpus: list[GpuInfo]) -> None:
         for g in gpus:
             # The node's name for it (/dev/nvidia<minor>), not one made from
             # NVML's index: NVML and CUDA in the container open the device
@@ -169,6 +303,66 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
                     permissions="rw",
                 )
             )
+
+    def _driver_edits(self) -> _DriverEdits:
+        """The control nodes and driver files of node.json's ``devices`` that
+        the node has now (a bind mount or device of a missing file would fail
+        the container's creation), once per Allocate call."""
+        assert self._devices is not None
+        devices = []
+        for path in self._devices.control_nodes():
+            node = self._dev_dir / path[len("/dev/") :]
+            if node.exists():
+                devices.append((path, str(node)))
+        files = [m for m in self._devices.mounts if os.path.exists(m)]
+        files = _unique([*files, *_soname_links(files)])
+        mounted_dirs = {os.path.dirname(f) for f in files}
+        lib_dirs = self._devices.library_dirs or _unique(
+            os.path.dirname(f) for f in files if _SHARED_OBJECT.search(os.path.basename(f))
+        )
+        extra_dirs = [
+            d.rstrip("/")
+            for d in lib_dirs
+            if d.rstrip("/") in mounted_dirs and d.rstrip("/") not in DEFAULT_LOADER_DIRS
+        ]
+        return _DriverEdits(tuple(devices), tuple(files), ":".join(_unique(extra_dirs)))
+
+    def _real_response(
+        self, gpus: list[GpuInfo], edits: _DriverEdits
+    ) -> pb.ContainerAllocateResponse:
+        out = pb.ContainerAllocateResponse()
+        if not gpus:
+            return out
+        out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
+        # Not the node's indices: CUDA (and NVML) enumerate only the GPUs
+        # whose /dev/nvidia<minor> the process can open, and the container
+        # has its allocated ones only, so they are CUDA devices 0..k-1 there.
+        # The node's indices would name devices that do not exist (GPUs 2
+        # and 5: "2,5" against two devices), and CUDA stops at the first
+        # invalid entry: the container would see no GPU at all. 0..k-1 is
+        # what an unset variable means; setting it overrides an image's own.
+        out.envs["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+        if edits.ld_library_path:
+            # Replaces the image's LD_LIBRARY_PATH (a device plugin cannot
+            # append to it): only when a driver library is outside the
+            # loader's default directories.
+            out.envs["LD_LIBRARY_PATH"] = edits.ld_library_path
+        self._gpu_devices(out, gpus)
+        for container_path, node_path in edits.devices:
+            out.devices.append(
+                pb.DeviceSpec(container_path=container_path, host_path=node_path, permissions="rw")
+            )
+        for path in edits.mounts:
+            out.mounts.append(pb.Mount(container_path=path, host_path=path, read_only=True))
+        return out
+
+    def _container_response(self, gpus: list[GpuInfo]) -> pb.ContainerAllocateResponse:
+        out = pb.ContainerAllocateResponse()
+        if not gpus:
+            return out
+        out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
+        out.envs["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in gpus)
+        self._gpu_devices(out, gpus)
         extra = [CONTROL_DEVICE] + [d for d in OPTIONAL_DEVICES if (self._dev_dir / d).exists()]
         for name in extra:
             out.devices.append(
@@ -219,6 +413,7 @@ class DevicePluginRunner:
         socket_name: str = DEFAULT_SOCKET_NAME,
         resource_name: str = RESOURCE_NAME,
         dev_dir: Path = Path("/dev"),
+        devices: NodeDevices | None = None,
         poll_interval_s: float = 5.0,
         watch_interval_s: float = 1.0,
         backoff_s: tuple[float, float] = (0.5, 10.0),
@@ -231,6 +426,7 @@ class DevicePluginRunner:
         self.socket_name = socket_name
         self.resource_name = resource_name
         self.dev_dir = dev_dir
+        self.devices = devices
         self.poll_interval_s = poll_interval_s
         self.watch_interval_s = watch_interval_s
         self.backoff_s = backoff_s
@@ -318,7 +514,10 @@ class DevicePluginRunner:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)  # stale, from an earlier run
         plugin = GpuDevicePlugin(
-            self.backend, dev_dir=self.dev_dir, poll_interval_s=self.poll_interval_s
+            self.backend,
+            dev_dir=self.dev_dir,
+            poll_interval_s=self.poll_interval_s,
+            devices=self.devices,
         )
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_DevicePluginServicer_to_server(plugin, server)

@@ -390,6 +390,15 @@ class NetnsNodeProvider(NodeProvider):
             if host is not None:
                 info["ib_island"] = host.ib_island
                 info["nvme_gib"] = host.nvme_gib
+            devices = self._cfg.devices
+            if devices is not None:
+                # The host's devices as the node sees them (node-side paths),
+                # for the node agent's device plugin to hand to containers.
+                info["devices"] = {
+                    "device_nodes": [devices.node_path(p) for p in devices.device_nodes],
+                    "mounts": [[host_path, node] for host_path, node in devices.mounts],
+                    "library_dirs": list(devices.library_dirs),
+                }
         return NodeBoot(
             layout=rec.layout,
             hostname=rec.hostname,

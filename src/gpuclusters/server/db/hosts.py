@@ -24,7 +24,11 @@ class DbHostDirectory:
     async def endpoint(self, name: str) -> HostEndpoint | None:
         async with self._sessionmaker() as session:
             host = await session.scalar(
-                select(Host).where(Host.name == name, Host.agent_status.is_not(None))
+                select(Host).where(
+                    Host.name == name,
+                    Host.agent_status.is_not(None),
+                    Host.agent_status != HostAgentStatus.REMOVED.value,
+                )
             )
         return self._endpoint(host) if host is not None else None
 

@@ -11,9 +11,10 @@ mode 0600), so that neither side can pose as the other:
   calls only from a client certificate of this CA (mutual TLS), so another
   host's agent certificate opens no agent.
 
-A host that is removed or re-joined gets a new certificate; the old one is
-no longer what the server expects (its fingerprint is kept in the host's
-row), so the server never talks to a stale agent by mistake.
+A host that re-joins gets a new certificate and secret; the old secret stops
+working at once. The old certificate stays valid for TLS until it expires
+(the fingerprint of the current one is kept in the host's row, not yet
+checked on connections; there is no revocation list).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
@@ -39,6 +40,7 @@ from gpuclusters.core.enums import (
 )
 from gpuclusters.core.errors import (
     AuthenticationError,
+    ConflictError,
     InvalidStateError,
     NotFoundError,
     ValidationError,
@@ -120,6 +122,21 @@ def _gpu_fields(inventory: dict[str, Any]) -> tuple[str, int]:
     return DEFAULT_SIMULATED_GPU_TYPE, GPUS_PER_NODE
 
 
+def _check_gpus(inventory: dict[str, Any]) -> None:
+    """A host with GPUs must have 8 of one type of the catalog: a node is
+    8 GPUs, and placement knows no other shape."""
+    count = inventory.get("gpu_count")
+    if not isinstance(count, int) or count == 0:
+        return  # no GPUs: the simulated backend
+    model = inventory.get("gpu_model")
+    if model not in GPU_TYPES or count != GPUS_PER_NODE:
+        raise ValidationError(
+            f"inventory: the host has {count} GPUs of model {model!r}; hosts need "
+            f"{GPUS_PER_NODE} GPUs of one type of {', '.join(sorted(GPU_TYPES))}",
+            field="inventory",
+        )
+
+
 def _apply_inventory(host: Host, inventory: dict[str, Any]) -> None:
     host.inventory = json.dumps(inventory, sort_keys=True)
     host.gpu_type, host.num_gpus = _gpu_fields(inventory)
@@ -140,16 +157,29 @@ async def join(session: AsyncSession, *, rt: Runtime, body: api.HostJoin) -> api
         raise ValidationError(
             f"name: the token is for host {token.host_name!r}, not {body.name!r}", field="name"
         )
+    _check_gpus(body.inventory)
     pki = await asyncio.to_thread(ensure_hosts_pki, rt.settings.home)
     try:
         cert = sign_agent_csr(pki, body.csr_pem, name=body.name, address=body.address)
     except (CsrError, ValueError) as exc:
         raise ValidationError(f"csr_pem: {exc}", field="csr_pem") from exc
+    # Claim the token first, in one conditional UPDATE: of two joins sent at
+    # once with one token, exactly one gets it.
+    claimed = await session.execute(
+        update(HostJoinToken)
+        .where(HostJoinToken.id == token.id, HostJoinToken.used_at.is_(None))
+        .values(used_at=now)
+    )
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        await session.rollback()
+        raise AuthenticationError("the join token is unknown, used or expired")
     secret = new_key()
     host = await session.scalar(select(Host).where(Host.name == body.name))
     if host is None:
         host = Host(name=body.name, state=HostState.AVAILABLE.value)
         session.add(host)
+    elif host.agent_status == HostAgentStatus.REMOVED:
+        host.state = HostState.AVAILABLE.value  # removed, then added again
     host.region = token.region
     host.ib_island = token.ib_island
     host.in_fleet = True
@@ -159,8 +189,11 @@ async def join(session: AsyncSession, *, rt: Runtime, body: api.HostJoin) -> api
     host.secret_hash = hash_key(secret)
     host.cert_fingerprint = fingerprint(cert)
     _apply_inventory(host, body.inventory)
-    token.used_at = now
-    await session.commit()
+    try:
+        await session.commit()
+    except IntegrityError as exc:
+        await session.rollback()
+        raise ConflictError(f"host {body.name} joined at the same moment from elsewhere") from exc
     log.info("host %s joined from %s", body.name, body.address)
     return api.HostJoined(
         name=body.name,
@@ -199,6 +232,8 @@ async def remove_host(
     first); its credentials stop working. Idempotent."""
     require_org_admin(principal, "the host inventory")
     host = await session.scalar(select(Host).where(Host.name == name))
+    if host is not None and host.agent_status == HostAgentStatus.REMOVED:
+        return _removed_view(host)
     if host is None or not host.in_fleet:
         raise NotFoundError(f"host {name!r} not found in the fleet", field="name")
     if host.agent_status is None:
@@ -216,13 +251,27 @@ async def remove_host(
             f"host {name} still holds node {live}; `gpuclusters hosts drain {name}` first",
             field="name",
         )
-    out = (await list_hosts(session, principal=principal, name=name))[0]
     host.agent_status = HostAgentStatus.REMOVED.value
     host.state = HostState.CORDONED.value
     host.in_fleet = False
     host.secret_hash = None
     await session.commit()
-    return out.model_copy(update={"agent_status": HostAgentStatus.REMOVED})
+    return _removed_view(host)
+
+
+def _removed_view(host: Host) -> api.Host:
+    return api.Host(
+        name=host.name,
+        region=host.region,
+        gpu_type=host.gpu_type,
+        num_gpus=host.num_gpus,
+        nvme_gib=host.nvme_gib,
+        ib_island=host.ib_island,
+        state=HostState(host.state),
+        agent_status=HostAgentStatus.REMOVED,
+        address=host.address,
+        last_heartbeat_at=host.last_heartbeat_at,
+    )
 
 
 async def drain_host(
