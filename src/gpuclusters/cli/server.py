@@ -76,7 +76,8 @@ def server(
             "--provider",
             envvar="GPUCLUSTERS_PROVIDER",
             show_default=False,
-            help="where nodes run: fake or netns (default: fake)",
+            help="where nodes run: fake, netns (this machine, plus hosts that join) or hosts "
+            "(GPU hosts with host agents only; docs/hosts.md) (default: fake)",
         ),
     ] = None,
     public_host: PublicHostOpt = None,

@@ -194,21 +194,9 @@ class HostsNodeProvider(NetnsNodeProvider):
                 taken = state.node_on_host(spec.host)
                 if taken is not None:
                     raise PermanentProviderError(f"host {spec.host} already runs node {taken.name}")
-                rec = NodeRecord(
-                    node_id=spec.node_id,
-                    kind="remote",
-                    name=spec.name,
-                    hostname=spec.name,
-                    cluster_id=spec.cluster_id,
-                    cluster_name=spec.cluster_name,
-                    host=spec.host,
-                    gpu_type=spec.gpu_type,
-                    compute_class=spec.compute_class,
-                    volume_id=spec.volume_id,
-                    labels=dict(spec.labels),
-                    address="",
-                    ns_dir="",
-                    nodes_dir="",
+                # Its namespaces are the host's: no directories here.
+                rec = NodeRecord.for_gpu_node(
+                    spec, kind="remote", address="", ns_dir="", nodes_dir=""
                 )
                 self._validated(state, rec)
                 await self._place(state, rec)

@@ -556,18 +556,9 @@ class NetnsNodeProvider(NodeProvider):
             taken = state.node_on_host(spec.host)
             if taken is not None:
                 raise PermanentProviderError(f"host {spec.host} already runs node {taken.name}")
-            rec = NodeRecord(
-                node_id=spec.node_id,
+            rec = NodeRecord.for_gpu_node(
+                spec,
                 kind="gpu",
-                name=spec.name,
-                hostname=spec.name,
-                cluster_id=spec.cluster_id,
-                cluster_name=spec.cluster_name,
-                host=spec.host,
-                gpu_type=spec.gpu_type,
-                compute_class=spec.compute_class,
-                volume_id=spec.volume_id,
-                labels=dict(spec.labels),
                 address=address or "",
                 ns_dir=str(self._cfg.ns_dir),
                 nodes_dir=str(self._cfg.nodes_dir),

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from gpuclusters.linux import layout
 from gpuclusters.linux.layout import NodeLayout
+from gpuclusters.providers.base import NodeSpec
 
 VERSION = 1
 # "remote": a GPU node another host runs (through its host agent); kept
@@ -52,6 +53,29 @@ class NodeRecord:
     role: str | None = None
     volume_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_gpu_node(
+        cls, spec: NodeSpec, *, kind: NodeKind, address: str, ns_dir: str, nodes_dir: str
+    ) -> NodeRecord:
+        """The record of a GPU node asked for by ``spec`` (made here, or on
+        another host: ``kind="remote"``)."""
+        return cls(
+            node_id=spec.node_id,
+            kind=kind,
+            name=spec.name,
+            hostname=spec.name,
+            cluster_id=spec.cluster_id,
+            cluster_name=spec.cluster_name,
+            host=spec.host,
+            gpu_type=spec.gpu_type,
+            compute_class=spec.compute_class,
+            volume_id=spec.volume_id,
+            labels=dict(spec.labels),
+            address=address,
+            ns_dir=ns_dir,
+            nodes_dir=nodes_dir,
+        )
 
     @property
     def layout(self) -> NodeLayout:
