@@ -53,7 +53,12 @@ def bench_gateway() -> tuple[str, bool]:
 
 class BenchServer:
     def __init__(
-        self, prefix: str, *, fleet: str | None = None, settings: dict[str, str] | None = None
+        self,
+        prefix: str,
+        *,
+        fleet: str | None = None,
+        settings: dict[str, str] | None = None,
+        provider: str = "netns",
     ) -> None:
         self.home = Path(tempfile.mkdtemp(prefix=prefix))
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
@@ -70,7 +75,7 @@ class BenchServer:
         self.exe = Path(sys.executable).parent / "gpuclusters"
         port = free_port()
         self.proc = subprocess.Popen(
-            [str(self.exe), "server", "--provider", "netns", "--port", str(port)],
+            [str(self.exe), "server", "--provider", provider, "--port", str(port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(self.home / "server.log").open("wb"),
@@ -95,7 +100,7 @@ class BenchServer:
         r.raise_for_status()
         return r.json()
 
-    def cli(self, *args: str) -> str:
+    def cli(self, *args: str, timeout: float = 60) -> str:
         """The real CLI against this server (e.g. ``clusters ssh``)."""
         out = subprocess.run(
             [str(self.exe), *args],
@@ -103,7 +108,7 @@ class BenchServer:
             capture_output=True,
             text=True,
             check=True,
-            timeout=60,
+            timeout=timeout,
         )
         return out.stdout
 
