@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from netlab import Laptop
 
 from support.debian_hosts import DebianHost, DebianHosts
 from support.processes import free_port
@@ -34,6 +37,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs Debian (apt, mmdebstrap)"),
 ]
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SUBNET = "10.232.42.0/24"
 BRIDGE = "gpcul42"
 SHARED_MOUNT = "/mnt/gpc-shared"
@@ -41,10 +45,20 @@ AGENT_HOME = "/var/lib/gpuclusters-host"
 
 
 class Lab:
-    def __init__(self, server: ServerHandle, debs: DebianHosts, hosts: list[DebianHost]) -> None:
+    def __init__(
+        self, server: ServerHandle, debs: DebianHosts, hosts: list[DebianHost], laptop: Laptop
+    ) -> None:
         self.server = server
         self.debs = debs
         self.hosts = hosts
+        self.laptop = laptop
+
+    def user(self, *args: str, timeout: float = 300) -> str:
+        """The CLI on the laptop, as its non-root user."""
+        env = {"GPUCLUSTERS_HOME": f"{self.laptop.home}/.gpuclusters"}
+        r = self.laptop.run("gpuclusters", *args, env=env, timeout=timeout)
+        assert r.returncode == 0, f"laptop: gpuclusters {' '.join(args)}\n{r.stdout}\n{r.stderr}"
+        return str(r.stdout)
 
     def admin(self, *args: str, timeout: float = 300) -> str:
         r = self.server.cli(*args, timeout=timeout)
@@ -69,35 +83,41 @@ class Lab:
 def lab(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp_path_factory.mktemp("debian-hosts")
     shared = root / "shared"
-    server = module_servers(provider="hosts", start=False)
-    gateway = server.env["GPUCLUSTERS_PUBLIC_HOST"]
-    with DebianHosts(
-        root / "lab",
-        subnet=SUBNET,
-        bridge=BRIDGE,
-        shared_dir=shared,
-        shared_mount=SHARED_MOUNT,
-        # Where the agent makes nodes' overlays: a real filesystem, as the
-        # operator's NVMe would be (overlayfs cannot sit on the host's
-        # overlay root).
-        real_fs_dirs=("/var/lib/containerd", AGENT_HOME),
-        routes=[f"{gateway}/32"],
-        # kubelet reads the kernel log (its OOM watcher); a real host has it.
-        extra_nspawn_args=["--bind-ro=/dev/kmsg"],
-    ) as debs:
-        server.env.update(
-            GPUCLUSTERS_TLS="on",
-            GPUCLUSTERS_TLS_PORT=str(free_port()),
-            GPUCLUSTERS_UNDERLAY_ADDRESS=debs.gateway,
-            GPUCLUSTERS_VOLUMES_DIR=str(shared),
-            GPUCLUSTERS_ACCESS_SYNC_INTERVAL_S="5",
-        )
-        server.start()
-        hosts = debs.boot(["gpu-1", "gpu-2"])
-        try:
-            yield Lab(server, debs, hosts)
-        finally:
-            module_servers.close()
+    laptop = Laptop(PROJECT_ROOT)
+    try:
+        laptop.up()
+        # Users (and the hosts) reach this machine where the laptop does.
+        gateway = laptop.gateway
+        server = module_servers(provider="hosts", start=False, public_host=gateway)
+        with DebianHosts(
+            root / "lab",
+            subnet=SUBNET,
+            bridge=BRIDGE,
+            shared_dir=shared,
+            shared_mount=SHARED_MOUNT,
+            # Where the agent makes nodes' overlays: a real file system, as
+            # the operator's NVMe would be (overlayfs cannot sit on the
+            # host's overlay root).
+            real_fs_dirs=("/var/lib/containerd", AGENT_HOME),
+            routes=[f"{gateway}/32"],
+            # kubelet reads the kernel log (its OOM watcher); a real host has it.
+            extra_nspawn_args=["--bind-ro=/dev/kmsg"],
+        ) as debs:
+            server.env.update(
+                GPUCLUSTERS_TLS="on",
+                GPUCLUSTERS_TLS_PORT=str(free_port()),
+                GPUCLUSTERS_UNDERLAY_ADDRESS=debs.gateway,
+                GPUCLUSTERS_VOLUMES_DIR=str(shared),
+                GPUCLUSTERS_ACCESS_SYNC_INTERVAL_S="5",
+            )
+            server.start()
+            hosts = debs.boot(["gpu-1", "gpu-2"])
+            try:
+                yield Lab(server, debs, hosts, laptop)
+            finally:
+                module_servers.close()
+    finally:
+        laptop.close()
 
 
 def test_hosts_add_bootstraps_fresh_debian_machines(lab: Lab) -> None:
@@ -131,16 +151,44 @@ def test_slurm_cluster_with_a_node_on_each_host(lab: Lab) -> None:
         pytest.fail(f"create failed\n{r.stdout}\n{r.stderr}\n{lab.host_logs()}")
     nodes = lab.json("nodes", "list", "--cluster", "x")
     assert sorted(n["host"] for n in nodes) == ["gpu-1", "gpu-2"]
-    out = lab.admin("clusters", "ssh", "x", "--", "sbatch", "--wait", "-N2", "-o",
-                    "/mnt/shared/hn-%j.out", "--wrap", "srun hostname")  # fmt: skip
+    # A user on their laptop: login over TLS, register a key, plain ssh to
+    # the login node through the gateway, and Slurm across the two hosts.
+    laptop = lab.laptop
+    key = json.loads(lab.admin("api-keys", "create", "--user", "alice", "--project", "default",
+                               "--role", "admin", "--output", "json"))["key"]  # fmt: skip
+    (laptop.home / "ca.pem").write_bytes((lab.server.home / "tls" / "ca.pem").read_bytes())
+    url = f"https://{laptop.gateway}:{lab.server.env['GPUCLUSTERS_TLS_PORT']}"
+    lab.user("login", "--url", url, "--api-key", key, "--ca-file", f"{laptop.home}/ca.pem")
+    laptop.run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+               f"{laptop.home}/.ssh/id_ed25519", check=True)  # fmt: skip
+    lab.user("ssh-keys", "add", f"{laptop.home}/.ssh/id_ed25519.pub")
+    endpoint = json.loads(lab.user("clusters", "get", "x", "--output", "json"))["ssh_endpoint"]
+
+    def ssh(command: str) -> str:
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-p", str(endpoint["port"]), f"alice@{endpoint['host']}", command]  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:  # alice's account reaches the nodes with the next access sync
+            try:
+                r = laptop.run(*argv, timeout=180)
+            except subprocess.TimeoutExpired:
+                jobs = lab.server.cli("clusters", "ssh", "x", "--as-root", "--", "sh", "-c",
+                                      "squeue -a -o '%i %u %T %R'; scontrol show job; "
+                                      "tail -20 /var/log/gpuclusters/slurmctld.log")  # fmt: skip
+                pytest.fail(f"ssh {command} hung:\n{jobs.stdout}{jobs.stderr}\n{lab.host_logs()}")
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert r.returncode == 0, f"laptop: ssh {command}\n{r.stdout}\n{r.stderr}"
+        return str(r.stdout)
+
+    out = ssh("sbatch --wait -N2 -o hn-%j.out --wrap 'srun hostname'")
     job = out.split()[-1]
-    printed = lab.admin("clusters", "ssh", "x", "--", "cat", f"/mnt/shared/hn-{job}.out").split()
+    printed = ssh(f"cat hn-{job}.out").split()
     assert sorted(printed) == sorted(n["name"] for n in nodes)
     one, two = sorted(nodes, key=lambda n: n["host"])
-    lab.admin("clusters", "ssh", "x", "--", "srun", "-N1", "-w", one["name"], "sh", "-c",
-              "echo written-on-gpu-1 > /mnt/shared/across.txt")  # fmt: skip
-    read = lab.admin("clusters", "ssh", "x", "--", "srun", "-N1", "-w", two["name"],
-                     "cat", "/mnt/shared/across.txt")  # fmt: skip
+    ssh(f"srun -N1 -w {one['name']} sh -c 'echo written-on-gpu-1 > /mnt/shared/across.txt'")
+    read = ssh(f"srun -N1 -w {two['name']} cat /mnt/shared/across.txt")
     assert read.strip() == "written-on-gpu-1"
 
 

@@ -188,6 +188,35 @@ def test_slurm_cluster_spans_two_hosts(lab: Lab) -> None:
     assert read.strip() == a["name"]
 
 
+def test_a_new_member_runs_a_job_across_hosts(lab: Lab) -> None:
+    """Accounts made after the cluster was ready reach the nodes on every
+    host (the access sync goes through the agents) and the controller
+    (slurmctld resolves the job's user)."""
+    key = lab.json("api-keys", "create", "--user", "dora", "--project", "default",
+                   "--role", "editor")["key"]  # fmt: skip
+    env = {"GPUCLUSTERS_API_KEY": key}
+    deadline = time.monotonic() + 60
+    while True:
+        r = lab.server.cli("clusters", "ssh", "x", "--", "srun", "-N2", "id", "-un", env=env,
+                           timeout=120)  # fmt: skip
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    if r.returncode != 0:
+        diag = lab.server.cli("clusters", "ssh", "x", "--as-root", "--", "sh", "-c",
+                              "squeue -a -o '%i %u %T %R'; scontrol show job | head -30",
+                              timeout=60)  # fmt: skip
+        state = json.loads((lab.server.home / "netns-provider.json").read_text())
+        ctl = next(r for r in state["nodes"].values() if r.get("role") == "controller")
+        logs = subprocess.run(
+            ["nsenter", f"--mount={ctl['ns_dir']}/{ctl['node_id']}.mnt", "tail", "-n", "40",
+             "/var/log/gpuclusters/slurmctld.log"],
+            capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        pytest.fail(f"{r.stdout}{r.stderr}\n{diag.stdout}{diag.stderr}\n{logs[-8000:]}")
+    assert r.stdout.split() == ["dora", "dora"]
+
+
 def test_kubernetes_job_runs_across_hosts(lab: Lab, tmp_path: Path) -> None:
     kubeconfig = tmp_path / "x.kubeconfig"
     lab.admin("clusters", "credentials", "x", "--file", str(kubeconfig))

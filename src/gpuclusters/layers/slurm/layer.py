@@ -254,7 +254,14 @@ class SlurmLayer(ClusterLayer):
             await ensure_accounts(shell, cluster.users)
             await sshd.sync_access(shell, access)
 
-        await asyncio.gather(*(one(s) for s in shells))
+        # slurmctld resolves every job's user to sign its credential: a
+        # member added after the cluster was made needs an account on the
+        # controller too (no sshd there, and no home to make).
+        controller = await self._service(cluster, CONTROLLER)
+        await asyncio.gather(
+            ensure_accounts(controller, cluster.users, create_homes=False),
+            *(one(s) for s in shells),
+        )
 
     async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
         raise InvalidStateError(
