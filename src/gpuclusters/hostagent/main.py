@@ -102,7 +102,8 @@ async def heartbeat_loop(cfg: AgentConfig, inventory: _Inventory) -> None:
 
 async def serve(cfg: AgentConfig) -> None:
     inventory = _Inventory(cfg)
-    provider = make_provider(cfg, await inventory.get())
+    # Device discovery runs nvidia-ctk or ldconfig: not on the event loop.
+    provider = await asyncio.to_thread(make_provider, cfg, await inventory.get())
     app = make_app(provider, host_name=cfg.name, local_address=cfg.address, inventory=inventory.get)
     server = uvicorn.Server(
         uvicorn.Config(

@@ -163,7 +163,11 @@ class ClusterReconciler(SteppedReconciler):
         ):
             await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
             cluster = await session.get_one(Cluster, row_id)
-            if cluster.nodes_placed or (cluster.start_at and cluster.start_at > utcnow()):
+            if (
+                cluster.nodes_placed
+                or cluster.status == S.DELETING.value
+                or (cluster.start_at and cluster.start_at > utcnow())
+            ):
                 return False
             try:
                 await allocate_nodes(
@@ -179,6 +183,8 @@ class ClusterReconciler(SteppedReconciler):
                     session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
                 )
                 cluster = await session.get_one(Cluster, row_id)
+                if cluster.status == S.DELETING.value:
+                    return False
                 await set_cluster_status(
                     session, cluster, S.QUEUED.value, f"waiting for capacity: {exc}"
                 )
@@ -457,6 +463,8 @@ class ClusterReconciler(SteppedReconciler):
         async with self.ctx.sessionmaker() as session:
             await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
             cluster = await session.get_one(Cluster, row_id)
+            if cluster.status == S.DELETING.value:
+                return False  # a delete arrived meanwhile (as in _transition)
             volume = await session.get(Volume, cluster.volume_id) if cluster.volume_id else None
             if volume is not None:
                 if volume.status == VolumeStatus.PROVISIONING.value:
