@@ -132,7 +132,8 @@ class HostsNodeProvider(NetnsNodeProvider):
         has to succeed (the one about to get a node); the others are
         retried later if they fail."""
         net = state.networks.get(cluster_id)
-        if net is None:
+        if net is None:  # the cluster is gone here: nothing left to sync
+            self._stale = {(c, h) for c, h in self._stale if c != cluster_id}
             return
         members = state.members(cluster_id)
         hosts = sorted({r.host for r in members if self._is_remote(r) and r.host})
