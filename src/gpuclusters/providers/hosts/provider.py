@@ -101,6 +101,10 @@ class HostsNodeProvider(NetnsNodeProvider):
         # Where list_instances last saw instances no record of ours names
         # (orphans housekeeping will ask us to delete).
         self._seen: dict[str, str] = {}
+        # What a node's shell needs (hostname, address, how to enter it, its
+        # host's Python) never changes in its life: asked once, not at every
+        # shell() (the access sync alone asks for every node every 15 s).
+        self._shell_info: dict[str, wire.ShellInfo] = {}
 
     # -- plumbing --------------------------------------------------------------
 
@@ -243,6 +247,7 @@ class HostsNodeProvider(NetnsNodeProvider):
         # and the delete is tried again), then our record, then the peers.
         client = await self._client(rec.host)
         await client.delete_node(node_id)
+        self._shell_info.pop(node_id, None)
         async with self._cluster_lock(rec.cluster_id):
             if node_id not in state.nodes:
                 return
@@ -303,7 +308,11 @@ class HostsNodeProvider(NetnsNodeProvider):
             return await super().shell(node_id)
         assert rec.host is not None
         client = await self._client(rec.host)
-        info = await client.shell_info(node_id)
+        info = self._shell_info.get(node_id)
+        if info is None:
+            # The agent answers only for a booted node, so a cached answer
+            # is never one for a half-made node.
+            info = self._shell_info[node_id] = await client.shell_info(node_id)
         return RemoteShell(
             client,
             node_id,

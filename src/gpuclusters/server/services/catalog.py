@@ -97,26 +97,28 @@ async def list_hosts(
     if name is not None:
         query = query.where(Host.name == name)
     rows = (await session.execute(query)).all()
-    return [
-        api.Host(
-            name=h.name,
-            region=h.region,
-            gpu_type=h.gpu_type,
-            num_gpus=h.num_gpus,
-            nvme_gib=h.nvme_gib,
-            ib_island=h.ib_island,
-            state=HostState(h.state),
-            node=node.name if node else None,
-            cluster=cluster_name,
-            compute_class=ComputeClass(node.compute_class) if node else None,
-            node_phase=node.phase if node else None,
-            agent_status=HostAgentStatus(h.agent_status) if h.agent_status else None,
-            address=h.address,
-            last_heartbeat_at=h.last_heartbeat_at,
-            inventory=json.loads(h.inventory) if h.inventory else None,
-        )
-        for h, node, cluster_name in rows
-    ]
+    return [host_view(h, node, cluster_name) for h, node, cluster_name in rows]
+
+
+def host_view(h: Host, node: Node | None = None, cluster_name: str | None = None) -> api.Host:
+    """A host as the API shows it, with the node on it (if any)."""
+    return api.Host(
+        name=h.name,
+        region=h.region,
+        gpu_type=h.gpu_type,
+        num_gpus=h.num_gpus,
+        nvme_gib=h.nvme_gib,
+        ib_island=h.ib_island,
+        state=HostState(h.state),
+        node=node.name if node else None,
+        cluster=cluster_name,
+        compute_class=ComputeClass(node.compute_class) if node else None,
+        node_phase=node.phase if node else None,
+        agent_status=HostAgentStatus(h.agent_status) if h.agent_status else None,
+        address=h.address,
+        last_heartbeat_at=h.last_heartbeat_at,
+        inventory=json.loads(h.inventory) if h.inventory else None,
+    )
 
 
 async def _host(session: AsyncSession, name: str) -> Host:

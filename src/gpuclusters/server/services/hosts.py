@@ -55,7 +55,7 @@ from gpuclusters.server.security.hosts_pki import CsrError, ensure_hosts_pki, si
 from gpuclusters.server.security.keys import hash_key, new_key
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.security.tls import fingerprint, served_ca_file
-from gpuclusters.server.services.catalog import list_hosts
+from gpuclusters.server.services.catalog import host_view, list_hosts
 from gpuclusters.server.services.tenancy import require_org_admin
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ async def remove_host(
     require_org_admin(principal, "the host inventory")
     host = await session.scalar(select(Host).where(Host.name == name))
     if host is not None and host.agent_status == HostAgentStatus.REMOVED:
-        return _removed_view(host)
+        return host_view(host)
     if host is None or not host.in_fleet:
         raise NotFoundError(f"host {name!r} not found in the fleet", field="name")
     if host.agent_status is None:
@@ -256,22 +256,7 @@ async def remove_host(
     host.in_fleet = False
     host.secret_hash = None
     await session.commit()
-    return _removed_view(host)
-
-
-def _removed_view(host: Host) -> api.Host:
-    return api.Host(
-        name=host.name,
-        region=host.region,
-        gpu_type=host.gpu_type,
-        num_gpus=host.num_gpus,
-        nvme_gib=host.nvme_gib,
-        ib_island=host.ib_island,
-        state=HostState(host.state),
-        agent_status=HostAgentStatus.REMOVED,
-        address=host.address,
-        last_heartbeat_at=host.last_heartbeat_at,
-    )
+    return host_view(host)
 
 
 async def drain_host(
