@@ -84,6 +84,18 @@ class ServerHandle:
             self.env["GPUCLUSTERS_PUBLIC_HOST"] = public_host
             first = 20000 + random.randrange(100) * 100
             self.env["GPUCLUSTERS_GATEWAY_PORTS"] = f"{first}-{first + 99}"
+        if provider in ("netns", "hosts"):
+            # Nodes pull from the image registry, which needs the API over
+            # TLS (its token endpoint); ports of this server's own. Only the
+            # images every node needs are pushed at start unless a test
+            # asks for more (GPUCLUSTERS_REGISTRY_SYSTEM_IMAGES).
+            self.env.update(
+                GPUCLUSTERS_TLS="on",
+                GPUCLUSTERS_TLS_PORT=str(free_port()),
+                GPUCLUSTERS_REGISTRY_PORT=str(free_port()),
+                GPUCLUSTERS_REGISTRY_TOKEN_PORT=str(free_port()),
+                GPUCLUSTERS_REGISTRY_SYSTEM_IMAGES='["base", "pause"]',
+            )
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 

@@ -5,6 +5,7 @@ pure functions: every output is parsed back and checked field by field."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuclusters.layers.base import RegistryRef
 from gpuclusters.layers.kubernetes import config as cfg
 
 SPEC = cfg.K8sSpec(cluster_name="k1", api_address="10.231.3.2", api_hostname="k1-cp")
@@ -107,7 +109,27 @@ def test_containerd_config_is_toml_with_our_settings() -> None:
     assert runc["runtime_type"] == "io.containerd.runc.v2"
     assert runc["options"]["SystemdCgroup"] is False
     assert cri["containerd"]["default_runtime_name"] == "runc"
-    assert cri["registry"]["mirrors"]["localhost"]["endpoint"] == [f"http://{cfg.REGISTRY_LISTEN}"]
+    # Without a registry, nodes have only the images imported into them.
+    assert "registry" not in cri
+
+
+def test_containerd_config_pulls_from_the_registry_with_the_cluster_credential() -> None:
+    registry = RegistryRef(
+        address="203.0.113.7:5443",
+        ca_pem="-----BEGIN CERTIFICATE-----\n...\n",
+        user="cluster-abc",
+        password='p"w',
+        mirrors=(("docker.io", ("https://mirror.example:5000",)),),
+    )
+    spec = dataclasses.replace(SPEC, registry=registry)
+    cri = tomllib.loads(cfg.containerd_config(spec))["plugins"]["io.containerd.grpc.v1.cri"]
+    mirrors = cri["registry"]["mirrors"]
+    # localhost/NAME (the project's own images) resolves in the registry.
+    assert mirrors["localhost"]["endpoint"] == ["https://203.0.113.7:5443"]
+    assert mirrors["docker.io"]["endpoint"] == ["https://mirror.example:5000"]
+    conf = cri["registry"]["configs"]["203.0.113.7:5443"]
+    assert conf["auth"] == {"username": "cluster-abc", "password": 'p"w'}
+    assert conf["tls"]["ca_file"] == cfg.REGISTRY_CA
 
 
 def test_cni_conflist() -> None:

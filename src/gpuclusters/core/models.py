@@ -600,6 +600,11 @@ class Cluster(_Out):
     kubernetes_endpoint: str | None = Field(
         default=None, description="the Kubernetes API through the gateway (https://HOST:PORT)"
     )
+    registry: str | None = Field(
+        default=None,
+        description="where to push images its pods pull (HOST:PORT/PROJECT; log in with your "
+        "user name and API key); none where the server runs no registry",
+    )
     phase_history: list[PhaseTransition]
     nodes: list[Node]
     created_at: datetime

@@ -76,6 +76,20 @@ class SshAccess:
 
 
 @dataclass(frozen=True, slots=True)
+class RegistryRef:
+    """The image registry, as a cluster's nodes use it (docs/kubernetes.md
+    "Images"): its ``host:port`` (always HTTPS), the CA its certificate is
+    signed by (``None``: the system's trust store), the cluster's pull
+    credential, and mirrors for other registries."""
+
+    address: str
+    ca_pem: str | None
+    user: str
+    password: str
+    mirrors: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterRef:
     cluster_id: str
     name: str
@@ -92,6 +106,8 @@ class ClusterRef:
     gateway: GatewayRef | None = None
     # None where SSH is not set up (fake provider, tests of other layers).
     ssh: SshAccess | None = None
+    # None where the server runs no registry.
+    registry: RegistryRef | None = None
 
 
 class ClusterLayer(ABC):

@@ -11,9 +11,11 @@ clusters and the host, then rests on these iptables rules (docs/access.md):
   from a cluster, packets to any other cluster are dropped, and packets to
   anywhere else pass only when the cluster has egress; into a cluster,
   only connections the gateway's DNAT made pass. The rest is dropped.
-* ``filter INPUT`` from a cluster bridge (``GPC-INPUT``): replies and ICMP
-  only. Nodes have no business with the host's own sockets (the API
-  server, databases, the agents' socket is a unix socket anyway).
+* ``filter INPUT`` from a cluster bridge (``GPC-INPUT``): replies, ICMP,
+  and the ports in ``GPC-NODE-SERVICES`` (the image registry and its token
+  endpoint, where the server runs one) only. Nodes have no other business
+  with the host's own sockets (databases, the agents' socket is a unix
+  socket anyway).
 * ``nat PREROUTING`` and ``OUTPUT`` (for connections made on this machine,
   loopback excepted) to a local address go through ``GPC-GATEWAY``: each
   cluster's gateway port is DNATed to its login node's sshd or its
@@ -79,10 +81,20 @@ _FIXED_INPUT = (
     [
         "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
         "-p icmp -j ACCEPT",
+        "-j GPC-NODE-SERVICES",
         "-j DROP",
     ],
 )
-_SHARED = (("filter", "GPC-FROM-CLUSTERS"), ("nat", "GPC-GATEWAY"), ("nat", "GPC-POSTROUTING"))
+# The host's ports nodes may open (the image registry and its token
+# endpoint): one rule per port, added and removed by the server that runs
+# the service (several servers may share a machine).
+NODE_SERVICES = "GPC-NODE-SERVICES"
+_SHARED = (
+    ("filter", "GPC-FROM-CLUSTERS"),
+    ("filter", NODE_SERVICES),
+    ("nat", "GPC-GATEWAY"),
+    ("nat", "GPC-POSTROUTING"),
+)
 
 _lock = asyncio.Lock()
 
@@ -197,6 +209,25 @@ async def ensure_base() -> None:
         for table, chain, rule in _HOOKS:
             await _ensure_rule(table, chain, rule, first=True)
         await asyncio.to_thread(_enable_forwarding)
+
+
+def node_service_rule(port: int) -> list[str]:
+    return ["-p", "tcp", "--dport", str(port), "-j", "ACCEPT"]
+
+
+async def open_node_services(ports: Sequence[int]) -> None:
+    """Let every cluster's nodes open these TCP ports of the host."""
+    await ensure_base()
+    async with _lock:
+        for port in ports:
+            await _ensure_rule("filter", NODE_SERVICES, node_service_rule(port), first=False)
+
+
+async def close_node_services(ports: Sequence[int]) -> None:
+    async with _lock:
+        for port in ports:
+            while await _ipt("filter", "-D", NODE_SERVICES, *node_service_rule(port), check=False):
+                pass
 
 
 def _enable_forwarding() -> None:

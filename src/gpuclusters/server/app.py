@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 
 from gpuclusters import __version__
@@ -37,12 +38,14 @@ from gpuclusters.server.controllers.volumes import VolumeReconciler
 from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.hosts import DbHostDirectory
 from gpuclusters.server.db.migrate import upgrade_to_head
+from gpuclusters.server.registry_daemon import RegistryDaemon, RegistryError, RegistryRuntime
 from gpuclusters.server.routers import (
     agents,
     catalog,
     clusters,
     health,
     hosts,
+    registry,
     ssh_keys,
     system,
     tls,
@@ -50,7 +53,8 @@ from gpuclusters.server.routers import (
 )
 from gpuclusters.server.runtime import Runtime, layers_for_provider
 from gpuclusters.server.security.hosts_pki import agent_client_context, ensure_hosts_pki
-from gpuclusters.server.security.tls import fingerprint, served_ca_file
+from gpuclusters.server.security.registry_tokens import ensure_registry_keys
+from gpuclusters.server.security.tls import fingerprint, served_ca_file, server_tls
 from gpuclusters.server.services import tenancy
 from gpuclusters.server.services.catalog import sync_hosts
 from gpuclusters.server.settings import Settings, primary_address
@@ -114,7 +118,27 @@ async def build_runtime(settings: Settings) -> Runtime:
     async with rt.sessionmaker() as session:
         await sync_hosts(session, await provider.hosts())
     await _bootstrap_config(rt)
+    rt.registry = await start_registry(settings)
     return rt
+
+
+async def start_registry(settings: Settings) -> RegistryRuntime | None:
+    """Run the image registry and push the project's own images into it,
+    before any node asks for them (docs/kubernetes.md "Images")."""
+    if not settings.registry_enabled:
+        return None
+    tls = server_tls(settings) if settings.tls_enabled else None
+    if tls is None:
+        raise RegistryError("the image registry needs the API over TLS (GPUCLUSTERS_TLS)")
+    keys = await asyncio.to_thread(ensure_registry_keys, settings.home)
+    daemon = RegistryDaemon(settings, keys, tls)
+    await daemon.start()
+    pushed = await daemon.push_system_images()
+    if pushed:
+        log.info("pushed %d image(s) into the registry: %s", len(pushed), ", ".join(pushed))
+    ca_file = served_ca_file(settings)
+    ca_pem = ca_file.read_text() if ca_file is not None else None
+    return RegistryRuntime(keys=keys, daemon=daemon, ca_pem=ca_pem)
 
 
 def make_reconcilers(rt: Runtime) -> list[Reconciler]:
@@ -215,6 +239,8 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
             await asyncio.gather(*background, return_exceptions=True)
             await asyncio.gather(*(r.stop() for r in reconcilers))
             await rt.provider.close()
+            if rt.registry is not None:
+                await rt.registry.daemon.stop()
             await rt.engine.dispose()
 
     app = FastAPI(
@@ -237,6 +263,28 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
         return response
 
+    if settings.registry_enabled:
+        token_port = settings.registry_token_port
+
+        @app.middleware("http")
+        async def _token_listener_only(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            # The listener nodes may reach answers the registry's token
+            # endpoint and nothing else of the API.
+            server = request.scope.get("server")
+            on_token_port = server is not None and server[1] == token_port
+            if on_token_port and request.url.path != "/v1/registry/token":
+                return JSONResponse(
+                    status_code=404,
+                    content={
+                        "code": "not_found",
+                        "message": "this port serves only /v1/registry/token",
+                        "field": None,
+                    },
+                )
+            return await call_next(request)
+
     for router in (
         system.router,
         catalog.router,
@@ -246,6 +294,7 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         agents.router,
         hosts.router,
         tls.router,
+        registry.router,
         ssh_keys.router,
     ):
         app.include_router(router)

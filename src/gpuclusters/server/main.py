@@ -172,25 +172,37 @@ def run(
         tcp.close()
         sys.exit(f"error [invalid_input]: tls: {exc}")
     if tls is not None:
-        tls_config = uvicorn.Config(
-            app,
-            host=settings.tls_host,
-            port=settings.tls_port,
-            ssl_certfile=str(tls.cert_file),
-            ssl_keyfile=str(tls.key_file),
-            lifespan="off",
-            log_level="info",
-            timeout_graceful_shutdown=30,
-        )
-        try:
-            tls_sock = tls_config.bind_socket()
-        except SystemExit:
-            tcp.close()
-            sys.exit(
-                f"error [unavailable]: cannot listen on {settings.tls_host}:{settings.tls_port} "
-                "(TLS; set GPUCLUSTERS_TLS_PORT, or GPUCLUSTERS_TLS=off)"
+        listeners = [(settings.tls_port, "the API over TLS", "GPUCLUSTERS_TLS_PORT")]
+        if settings.registry_enabled:
+            listeners.append(
+                (
+                    settings.registry_token_port,
+                    "the registry's token endpoint",
+                    "GPUCLUSTERS_REGISTRY_TOKEN_PORT",
+                )
             )
-        companions.append((_Companion(tls_config), tls_sock))
+        for listen_port, what, env in listeners:
+            tls_config = uvicorn.Config(
+                app,
+                host=settings.tls_host,
+                port=listen_port,
+                ssl_certfile=str(tls.cert_file),
+                ssl_keyfile=str(tls.key_file),
+                lifespan="off",
+                log_level="info",
+                timeout_graceful_shutdown=30,
+            )
+            try:
+                tls_sock = tls_config.bind_socket()
+            except SystemExit:
+                tcp.close()
+                for _, sock in companions:
+                    sock.close()
+                sys.exit(
+                    f"error [unavailable]: cannot listen on {settings.tls_host}:{listen_port} "
+                    f"({what}; set {env}, or GPUCLUSTERS_TLS=off)"
+                )
+            companions.append((_Companion(tls_config), tls_sock))
         ca_note = ""
         if tls.ca_file is not None:
             with contextlib.suppress(OSError, ValueError):

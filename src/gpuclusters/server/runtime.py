@@ -21,6 +21,7 @@ from gpuclusters.layers.slurm.layer import SlurmLayer
 from gpuclusters.providers.base import NodeProvider
 from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server.controllers.hints import Hints
+from gpuclusters.server.registry_daemon import RegistryRuntime
 from gpuclusters.server.settings import Settings
 
 
@@ -39,6 +40,8 @@ class Runtime:
     # Until the node reconciler has checked a node, a missing instance means
     # "lost while we were down; rebuild", not "failed while we watched".
     verified_nodes: set[str] = field(default_factory=set)
+    # The image registry, where this server runs one (settings.registry_enabled).
+    registry: RegistryRuntime | None = None
 
     @property
     def node_access(self) -> NodeAccess | None:

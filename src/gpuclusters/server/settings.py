@@ -106,6 +106,70 @@ class Settings(BaseSettings):
             host = f"[{host}]"
         return f"https://{host}:{self.tls_port}"
 
+    # The image registry (docs/kubernetes.md "Images").
+    registry: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="run the image registry on gateway_host:registry_port; auto: when TLS is "
+        "on, the provider's nodes run containers (netns, hosts) and the registry binary "
+        "(scripts/build-k8s-addons) is present",
+    )
+    registry_port: int = Field(default=5443, ge=1, le=65535)
+    registry_token_port: int = Field(
+        default=5444,
+        ge=1,
+        le=65535,
+        description="a TLS listener that answers only the registry's token endpoint, so "
+        "nodes reach it without reaching the rest of the API",
+    )
+    registry_bin: Path = Field(
+        default=Path("/var/cache/gpuclusters/addons/bin/registry"),
+        description="the CNCF Distribution registry binary",
+    )
+    registry_dir: Path | None = Field(
+        default=None, description="the registry's storage; default: HOME/registry/storage"
+    )
+    images_cache: Path = Field(
+        default=Path("/var/cache/gpuclusters/images"),
+        description="the project's own images as OCI archives (scripts/build-images), "
+        "pushed into the registry at start",
+    )
+    registry_system_images: list[str] | None = Field(
+        default=None,
+        description="which of the cached images to push at start (names without tags); "
+        "default: all of them",
+    )
+    registry_mirrors: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='registry mirrors for every node\'s containerd, e.g. {"docker.io": '
+        '["https://mirror.example:5000"]} (a pull-through cache); the upstream is tried last',
+    )
+
+    @property
+    def registry_address(self) -> str:
+        """``host:port`` of the registry, as users and nodes name images."""
+        host = self.gateway_host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{self.registry_port}"
+
+    @property
+    def registry_token_url(self) -> str:
+        host = self.gateway_host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"https://{host}:{self.registry_token_port}/v1/registry/token"
+
+    @property
+    def registry_enabled(self) -> bool:
+        if self.registry == "auto":
+            # Providers whose nodes run containers: the embedded fleet and hosts.
+            return (
+                self.tls_enabled
+                and self.provider in ("netns", "hosts")
+                and self.registry_bin.is_file()
+            )
+        return self.registry == "on"
+
     # Controllers.
     reconcile_interval_s: float = Field(default=2.0, gt=0, description="poll period without hints")
     lease_ttl_s: float = Field(default=30.0, gt=0)

@@ -42,8 +42,13 @@ _RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Node"): ("nodes", False),
     ("v1", "PersistentVolume"): ("persistentvolumes", False),
     ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
+    ("v1", "Service"): ("services", True),
+    ("apiregistration.k8s.io/v1", "APIService"): ("apiservices", False),
+    ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),
     ("batch/v1", "Job"): ("jobs", True),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("storage.k8s.io/v1", "StorageClass"): ("storageclasses", False),
 }
 

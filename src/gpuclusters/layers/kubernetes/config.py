@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuclusters.layers.base import RegistryRef
+
 K8S_VERSION = "1.34.4"
 DEFAULT_CACHE = Path("/var/cache/gpuclusters/k8s")
 DEFAULT_BIN_DIR = DEFAULT_CACHE / f"v{K8S_VERSION}" / "bin"
@@ -43,6 +45,8 @@ SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")
 CLUSTER_CIDR = ipaddress.IPv4Network("10.244.0.0/16")
 API_PORT = 6443
 CLUSTER_DOMAIN = "cluster.local"
+# The front proxy's client certificate's name (kube-apiserver to aggregated APIs).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Labels every node carries (kubelet may set labels outside the
@@ -76,8 +80,8 @@ CONTAINERD_SOCK = "/run/containerd/containerd.sock"
 CNI_CONF = "/etc/cni/net.d/10-gpuclusters.conflist"
 IMAGES_DIR = "/var/lib/gpuclusters/images"
 ETCD_DATA = "/var/lib/etcd"
-REGISTRY = "image-registry"
-REGISTRY_LISTEN = "127.0.0.1:5000"
+# The per-node read-only registry of earlier versions (stopped where found).
+OLD_NODE_REGISTRY = "image-registry"
 # Values kubelet insists on for these kernel settings (it writes them at
 # start). They are global in a shared kernel, so each node is shown a file
 # holding the expected value instead, and the host's settings never change.
@@ -104,6 +108,8 @@ class K8sSpec:
     # Names users reach the apiserver by (the gateway's public host): in the
     # serving certificate, so kubectl from other machines verifies it.
     public_names: tuple[str, ...] = ()
+    # The image registry nodes pull from (None: imported images only).
+    registry: RegistryRef | None = None
 
     @property
     def server(self) -> str:
@@ -140,6 +146,13 @@ def pod_cidr_for(address: str) -> str:
 def api_service_ip() -> str:
     """The ``kubernetes`` Service's ClusterIP: the first of the service range."""
     return str(SERVICE_CIDR.network_address + 1)
+
+
+def dns_service_ip() -> str:
+    """The ``kube-dns`` Service's ClusterIP (``10.96.0.10``, kubeadm's
+    choice, so tools and images that assume it work): every pod's
+    nameserver (kubelet's ``clusterDNS``)."""
+    return str(SERVICE_CIDR.network_address + 10)
 
 
 def node_labels(*, compute_class: str, gpu_type: str, ib_island: str | None) -> dict[str, str]:
@@ -214,12 +227,42 @@ disabled_plugins = [
   [{cri}.cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
-  # Images named localhost/... come from the node's own read-only registry
-  # (``registry``), which serves the images imported here: a ":latest"
-  # image is pulled on every pod start and must resolve.
-  [{cri}.registry.mirrors."localhost"]
-    endpoint = ["http://{REGISTRY_LISTEN}"]
-"""
+{containerd_registry(spec.registry)}"""
+
+
+REGISTRY_CA = "/etc/containerd/registry-ca.pem"
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a TOML basic string is a JSON string for these values
+
+
+def containerd_registry(registry: RegistryRef | None) -> str:
+    """CRI's registry section: the cluster's registry with the cluster's pull
+    credential and CA; ``localhost/NAME`` (the project's own images, e.g.
+    ``localhost/gpuclusters-base:latest``) mirrored to the registry's
+    top-level repositories, where the system images are pushed (a ``:latest``
+    image is pulled at every pod start, so the name must resolve); and the
+    operator's mirrors (pull-through caches) for other registries."""
+    if registry is None:
+        return ""
+    cri = 'plugins."io.containerd.grpc.v1.cri".registry'
+    addr = _toml_str(registry.address)
+    lines = [
+        f'  [{cri}.mirrors."localhost"]',
+        f"    endpoint = [{_toml_str(f'https://{registry.address}')}]",
+    ]
+    for host, endpoints in registry.mirrors:
+        lines.append(f"  [{cri}.mirrors.{_toml_str(host)}]")
+        lines.append(f"    endpoint = [{', '.join(_toml_str(e) for e in endpoints)}]")
+    lines += [
+        f"  [{cri}.configs.{addr}.auth]",
+        f"    username = {_toml_str(registry.user)}",
+        f"    password = {_toml_str(registry.password)}",
+    ]
+    if registry.ca_pem is not None:
+        lines += [f"  [{cri}.configs.{addr}.tls]", f'    ca_file = "{REGISTRY_CA}"']
+    return "\n".join(lines) + "\n"
 
 
 def pod_egress_rule(node: K8sNode) -> list[str]:
@@ -278,6 +321,10 @@ def kubelet_config(spec: K8sSpec, node: K8sNode) -> str:
         "enforceNodeAllocatable": ["pods"],
         "failCgroupV1": False,
         "failSwapOn": False,
+        # Pods ask the cluster's CoreDNS (on the control-plane node, behind
+        # the kube-dns Service: ``addons``) and get the namespace's search
+        # domains; the node's own resolv.conf only adds its search list.
+        "clusterDNS": [dns_service_ip()],
         "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": "/etc/resolv.conf",
         "volumePluginDir": "/var/lib/kubelet/volume-plugins",
@@ -362,6 +409,22 @@ def apiserver_argv(spec: K8sSpec) -> list[str]:
         f"--kubelet-client-key={pki_path('apiserver-kubelet-client.key')}",
         f"--kubelet-certificate-authority={pki_path('ca.crt')}",
         "--kubelet-preferred-address-types=InternalIP",
+        # Aggregated APIs (metrics-server) and webhooks are reached at their
+        # Service's endpoint addresses, not its ClusterIP: no kube-proxy
+        # runs on the control-plane node, so a ClusterIP leads nowhere here.
+        "--enable-aggregator-routing=true",
+        # The front proxy: the apiserver forwards requests to aggregated
+        # APIs with this client certificate and the user in headers, which
+        # an extension apiserver trusts only from a certificate of this CA
+        # with this name (a CA of its own, as kubeadm: a client certificate
+        # of the cluster CA must never be able to claim any user).
+        f"--requestheader-client-ca-file={pki_path('front-proxy-ca.crt')}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-username-headers=X-Remote-User",
+        f"--proxy-client-cert-file={pki_path('front-proxy-client.crt')}",
+        f"--proxy-client-key-file={pki_path('front-proxy-client.key')}",
         f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
         f"--service-account-key-file={pki_path('sa.pub')}",
         f"--service-account-signing-key-file={pki_path('sa.key')}",
@@ -415,16 +478,6 @@ def scheduler_argv(spec: K8sSpec) -> list[str]:
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
-    ]
-
-
-def registry_argv(python: str) -> list[str]:
-    return [
-        python,
-        "-m",
-        "gpuclusters.layers.kubernetes.registry",
-        f"--root={IMAGES_DIR}",
-        f"--listen={REGISTRY_LISTEN}",
     ]
 
 

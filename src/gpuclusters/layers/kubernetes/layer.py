@@ -1,7 +1,8 @@
 """The Kubernetes layer: a real Kubernetes control plane and kubelet nodes.
 
 Per cluster: a *control-plane* service node (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, the cluster's PKI), and on every
+kube-controller-manager, kube-scheduler, the cluster's PKI, and the
+add-ons CoreDNS and metrics-server as daemons: ``addons``), and on every
 GPU node containerd + runc, kubelet (its own cgroup root), CNI and
 kube-proxy; the node agent's device plugin advertises ``nvidia.com/gpu``.
 Pod CIDRs are routed between all of the cluster's members (``config``).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,8 @@ from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
 from gpuclusters.layers.accounts import ensure_accounts
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, LayerError, NodeRef
+from gpuclusters.layers.kubernetes import addons, exclusive, images, pki, preemption, stack
 from gpuclusters.layers.kubernetes import config as cfg
-from gpuclusters.layers.kubernetes import exclusive, images, pki, preemption, stack
 from gpuclusters.layers.kubernetes.api import KubeAPI
 from gpuclusters.layers.waiting import poll_until
 
@@ -45,11 +47,26 @@ API_WAIT_S = 20.0
 API_POLL_S = 0.1
 
 
+def default_addons_bin_dir() -> Path:
+    """Where ``scripts/build-k8s-addons`` puts the add-ons' binaries
+    (``GPUCLUSTERS_ADDONS_CACHE`` moves its cache, as for the script)."""
+    cache = os.environ.get("GPUCLUSTERS_ADDONS_CACHE")
+    return Path(cache) / "bin" if cache else addons.DEFAULT_BIN_DIR
+
+
 class KubernetesLayer(ClusterLayer):
-    def __init__(self, access: NodeAccess, *, bin_dir: Path = cfg.DEFAULT_BIN_DIR) -> None:
+    def __init__(
+        self,
+        access: NodeAccess,
+        *,
+        bin_dir: Path = cfg.DEFAULT_BIN_DIR,
+        addons_bin_dir: Path | None = None,
+    ) -> None:
         self.access = access
         self.bin_dir = bin_dir
+        self.addons_bin_dir = addons_bin_dir or default_addons_bin_dir()
         self._apis: dict[str, KubeAPI] = {}
+        self._missing_addons_logged: set[str] = set()
 
     # -- shells and shared pieces ---------------------------------------------
 
@@ -68,6 +85,7 @@ class KubernetesLayer(ClusterLayer):
             api_hostname=cp.hostname,
             bin_dir=str(self.bin_dir),
             public_names=(cluster.gateway.host,) if cluster.gateway else (),
+            registry=cluster.registry,
         )
 
     def _check_binaries(self) -> None:
@@ -81,6 +99,20 @@ class KubernetesLayer(ClusterLayer):
                 f"Kubernetes binaries missing in {self.bin_dir}: {', '.join(missing)} "
                 "(run scripts/build-k8s, or set GPUCLUSTERS_K8S_BIN)"
             )
+
+    def _addon_installed(self, name: str) -> bool:
+        """Whether an add-on's binary is there. A missing one is left out
+        (logged once): the cluster works without it, as before add-ons."""
+        if (self.addons_bin_dir / name).is_file():
+            return True
+        if name not in self._missing_addons_logged:
+            self._missing_addons_logged.add(name)
+            log.warning(
+                "%s is not installed in %s: clusters run without it (run scripts/build-k8s-addons)",
+                name,
+                self.addons_bin_dir,
+            )
+        return False
 
     def _images(self) -> list[images.Image]:
         return [
@@ -190,7 +222,20 @@ class KubernetesLayer(ClusterLayer):
         changed = await stack.start_control_plane(cp, spec)
         marks.append(("pki+etcd+apiserver", loop.time()))
         api = await self._required_api(cluster, cp)
-        await stack.wait_ready(api)
+        ca = await stack.read_ca(cp)
+        if ca is None:
+            raise LayerError(f"cluster {cluster.name}: the control plane's CA is missing")
+        # The add-ons' files need only the CA: written while the apiserver starts.
+        plan, _ = await asyncio.gather(
+            stack.prepare_addons(
+                cp,
+                spec,
+                ca,
+                coredns=self._addon_installed("coredns"),
+                metrics_server=self._addon_installed("metrics-server"),
+            ),
+            stack.wait_ready(api),
+        )
         marks.append(("readyz", loop.time()))
         capacity_gib = 1024  # nominal: a hostPath PV does not enforce it
         objs = cfg.storage_manifests(
@@ -204,11 +249,22 @@ class KubernetesLayer(ClusterLayer):
         await api.apply([o for o in objs if o["kind"] != "PersistentVolumeClaim"])
         await stack.start_controllers(cp, spec, changed=changed)
         marks.append(("controllers", loop.time()))
-        if claims:
-            await stack.wait_volume_settled(api, cfg.SHARED_PV)
-            await api.apply(claims)
-            await stack.wait_bound(api, cfg.SHARED_PVC)
-            marks.append(("bound", loop.time()))
+
+        async def bind_claims() -> None:
+            if claims:
+                await stack.wait_volume_settled(api, cfg.SHARED_PV)
+                await api.apply(claims)
+                await stack.wait_bound(api, cfg.SHARED_PVC)
+                marks.append(("bound", loop.time()))
+
+        async def start_addons() -> None:
+            bins = addons.AddonBins(str(self.addons_bin_dir))
+            await stack.start_addons(cp, api, spec, bins, plan, ca_pem=ca.cert, changed=changed)
+            marks.append(("addons", loop.time()))
+
+        # Independent: the claim waits for the PV binder, the add-ons' few
+        # objects and daemons need nothing of it.
+        await asyncio.gather(bind_claims(), start_addons())
         await stack.reconcile_rbac(cp, spec, [(u.name, u.admin) for u in cluster.users])
         marks.append(("rbac", loop.time()))
         log.info(

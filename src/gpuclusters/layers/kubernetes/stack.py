@@ -8,11 +8,15 @@ certificates are issued only when missing, and every wait polls a real
 signal (``/readyz``, ``ctr version``, the Node's ``Ready`` condition and
 its allocatable GPUs) with a short backoff; there are no fixed sleeps.
 
-Order on the control-plane node: PKI -> etcd -> kube-apiserver (``/readyz``)
--> storage classes and the shared volume's PV -> controller-manager +
-scheduler -> the shared volume's claim, once the PV binder has seen its
-volume -> users' RBAC bindings. (The controller-manager cannot start with
-the apiserver: it exits when the apiserver's RBAC is not bootstrapped yet.)
+Order on the control-plane node: PKI (the front proxy's CA and client
+certificate among it) -> etcd -> kube-apiserver (``/readyz``; meanwhile the
+add-ons' certificates and Corefile) -> storage classes and the shared
+volume's PV -> controller-manager + scheduler -> the shared volume's claim,
+once the PV binder has seen its volume, and, side by side, the add-ons'
+RBAC, Services and EndpointSlices -> CoreDNS and metrics-server -> the
+metrics APIService -> users' RBAC bindings. (The controller-manager cannot
+start with the apiserver: it exits when the apiserver's RBAC is not
+bootstrapped yet.)
 
 Order on a GPU node: kernel settings of the node's own network namespace
 (forwarding, bridge netfilter) and the kubelet sysctl shadows -> node
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
@@ -33,8 +38,8 @@ from cryptography.exceptions import InvalidSignature
 
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.layers.base import LayerError
+from gpuclusters.layers.kubernetes import addons, pki
 from gpuclusters.layers.kubernetes import config as cfg
-from gpuclusters.layers.kubernetes import pki
 from gpuclusters.layers.kubernetes.api import KubeAPI
 from gpuclusters.layers.kubernetes.images import Image
 from gpuclusters.layers.waiting import ok, wait_for
@@ -57,14 +62,20 @@ async def ensure_ca(cp: NodeShell, cluster_name: str) -> pki.KeyPair:
     """The cluster's CA, made once and kept on the control-plane node (like
     kubeadm's /etc/kubernetes/pki). Only the control-plane step creates it,
     so two steps running at once can never make two CAs."""
-    ca = await read_ca(cp)
-    if ca is not None:
-        return ca
-    ca = pki.new_ca(f"gpuclusters {cluster_name} CA")
+    return await _ensure_ca_at(cp, "ca", f"gpuclusters {cluster_name} CA")
+
+
+async def _ensure_ca_at(cp: NodeShell, name: str, common_name: str) -> pki.KeyPair:
+    """The CA ``<pki>/<name>.crt`` + ``.key``, made if either is missing."""
+    crt, key = cfg.pki_path(f"{name}.crt"), cfg.pki_path(f"{name}.key")
+    have_cert, have_key = await cp.read_file(crt), await cp.read_file(key)
+    if have_cert and have_key:
+        return pki.KeyPair(cert=have_cert, key=have_key)
+    ca = pki.new_ca(common_name)
     # Key first: a crash between the two writes leaves no certificate, and
     # the next attempt makes a new pair.
-    await cp.write_file(CA_KEY, ca.key, mode=0o600)
-    await cp.write_file(CA_CERT, ca.cert)
+    await cp.write_file(key, ca.key, mode=0o600)
+    await cp.write_file(crt, ca.cert)
     return ca
 
 
@@ -209,12 +220,24 @@ async def start_control_plane(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
         "controller-manager": ("system:kube-controller-manager", []),
         "scheduler": ("system:kube-scheduler", []),
     }
+
+    async def front_proxy() -> bool:
+        # The aggregation layer's own CA (see apiserver_argv): only the
+        # front proxy's client certificate is signed by it.
+        proxy_ca = await _ensure_ca_at(
+            cp, "front-proxy-ca", f"gpuclusters {spec.cluster_name} front proxy CA"
+        )
+        return await _ensure_pair(
+            cp, proxy_ca, "front-proxy-client", cfg.FRONT_PROXY_CLIENT, client=True
+        )
+
     # Independent files: written concurrently (each write is a helper
     # process; one after another they were most of this step).
     changes = await asyncio.gather(
         server_pair,
         kubelet_client_pair,
         *(client(name, cn, orgs) for name, (cn, orgs) in clients.items()),
+        front_proxy(),
         _ensure_service_account_key(cp),
     )
     changed = any(changes[:-1])  # a new service-account key restarts nothing by itself
@@ -237,6 +260,99 @@ async def start_controllers(cp: NodeShell, spec: cfg.K8sSpec, *, changed: bool) 
     with it, the controller manager exits: RBAC is not bootstrapped yet)."""
     await _respawn(cp, cfg.CONTROLLER_MANAGER, cfg.controller_manager_argv(spec), changed)
     await _respawn(cp, cfg.SCHEDULER, cfg.scheduler_argv(spec), changed)
+
+
+@dataclass(frozen=True, slots=True)
+class AddonPlan:
+    """Which add-ons run (those whose binary is installed), and which of
+    them must restart because a file they read only at start changed."""
+
+    coredns: bool
+    metrics_server: bool
+    restart_coredns: bool = False
+    restart_metrics_server: bool = False
+
+
+async def prepare_addons(
+    cp: NodeShell, spec: cfg.K8sSpec, ca: pki.KeyPair, *, coredns: bool, metrics_server: bool
+) -> AddonPlan:
+    """The add-ons' certificates, kubeconfigs and Corefile on the
+    control-plane node (``addons``). Needs only the CA, so it runs while the
+    apiserver starts. A rewritten Corefile needs no restart: CoreDNS's
+    ``reload`` plugin swaps it in without dropping queries."""
+
+    async def client(name: str, user: str) -> bool:
+        issued = await _ensure_pair(cp, ca, name, user, client=True)
+        return issued | await _kubeconfig(cp, spec, name, user=user, pair=name)
+
+    async def coredns_files() -> bool:
+        if not coredns:
+            return False
+        resolv = (await cp.read_file("/etc/resolv.conf") or b"").decode(errors="replace")
+        upstream = bool(addons.nameservers(resolv))
+        changed = await client("coredns", addons.COREDNS_USER)
+        await _write_text(cp, addons.COREFILE, addons.corefile(upstream=upstream))
+        return changed
+
+    async def metrics_files() -> bool:
+        if not metrics_server:
+            return False
+        dns_names, ips = addons.metrics_server_names(spec)
+        serving, changed = await asyncio.gather(
+            _ensure_pair(
+                cp,
+                ca,
+                "metrics-server-serving",
+                addons.METRICS_SERVICE,
+                dns_names=dns_names,
+                ip_addresses=ips,
+                server=True,
+            ),
+            client("metrics-server", addons.METRICS_SERVER_USER),
+        )
+        return serving | changed
+
+    restart_dns, restart_metrics = await asyncio.gather(coredns_files(), metrics_files())
+    return AddonPlan(
+        coredns=coredns,
+        metrics_server=metrics_server,
+        restart_coredns=restart_dns,
+        restart_metrics_server=restart_metrics,
+    )
+
+
+async def start_addons(
+    cp: NodeShell,
+    api: KubeAPI,
+    spec: cfg.K8sSpec,
+    bins: addons.AddonBins,
+    plan: AddonPlan,
+    *,
+    ca_pem: bytes,
+    changed: bool,
+) -> None:
+    """The add-ons' RBAC, Services and EndpointSlices, then the daemons, then
+    the metrics APIService (once metrics-server runs: an APIService without
+    its server fails API discovery for every client meanwhile). ``changed``:
+    the control plane's certificates changed (the front proxy's among
+    them), which metrics-server reads at start."""
+    objs = []
+    if plan.coredns:
+        objs += addons.coredns_manifests(spec)
+    if plan.metrics_server:
+        objs += addons.metrics_server_manifests(spec)
+    # RBAC first: a daemon started without its permissions backs off.
+    await api.apply(objs)
+    if plan.coredns:
+        await _respawn(cp, addons.COREDNS, addons.coredns_argv(bins), plan.restart_coredns)
+    if plan.metrics_server:
+        await _respawn(
+            cp,
+            addons.METRICS_SERVER,
+            addons.metrics_server_argv(bins, spec),
+            plan.restart_metrics_server or changed,
+        )
+        await api.apply([addons.metrics_apiservice(ca_pem=ca_pem)])
 
 
 async def admin_api(cp: NodeShell, spec: cfg.K8sSpec) -> KubeAPI | None:
@@ -344,7 +460,10 @@ async def ensure_images(node: NodeShell, images: Iterable[Image]) -> None:
 
 
 async def start_containerd(node: NodeShell, spec: cfg.K8sSpec, *, timeout_s: float = 30.0) -> None:
-    changed = await _write_text(node, cfg.CONTAINERD_CONF, cfg.containerd_config(spec))
+    changed = False
+    if spec.registry is not None and spec.registry.ca_pem is not None:
+        changed = await _write_text(node, cfg.REGISTRY_CA, spec.registry.ca_pem)
+    changed |= await _write_text(node, cfg.CONTAINERD_CONF, cfg.containerd_config(spec))
     await _respawn(node, cfg.CONTAINERD, cfg.containerd_argv(), changed)
     await wait_for(
         lambda: ok(node, ["ctr", f"--address={cfg.CONTAINERD_SOCK}", "version"]),
@@ -375,8 +494,8 @@ async def prepare_node(
     images: Sequence[Image],
 ) -> None:
     """Everything on a GPU node that needs only the cluster's CA: kernel
-    settings, certificates and kubeconfigs, containerd with the images, the
-    registry, CNI and the kubelet's and kube-proxy's configuration. Runs
+    settings, certificates and kubeconfigs, containerd with the images and
+    the registry's CA, CNI and the kubelet's and kube-proxy's configuration. Runs
     while the apiserver still starts. A kubelet or kube-proxy whose files
     changed is stopped here and started again by ``start_node``."""
 
@@ -424,12 +543,13 @@ async def prepare_node(
         start_containerd(node, spec),
     )
 
-    async def images_and_registry() -> None:
+    async def load_images() -> None:
         await ensure_images(node, images)
-        await node.spawn(cfg.REGISTRY, cfg.registry_argv(node.python))
+        if await node.is_running(cfg.OLD_NODE_REGISTRY):
+            await node.stop(cfg.OLD_NODE_REGISTRY, timeout_s=10.0)
 
     _, _, kubelet_config, proxy_config = await asyncio.gather(
-        images_and_registry(),
+        load_images(),
         _write_text(node, cfg.CNI_CONF, cfg.cni_conflist(knode)),
         _write_text(node, f"{cfg.ETC}/kubelet-config.yaml", cfg.kubelet_config(spec, knode)),
         _write_text(node, f"{cfg.ETC}/kube-proxy-config.yaml", cfg.kube_proxy_config(spec, knode)),

@@ -9,7 +9,14 @@ from dataclasses import replace
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.layers.base import ClusterRef, GatewayRef, NodeRef, SshAccess, UnixUser
+from gpuclusters.layers.base import (
+    ClusterRef,
+    GatewayRef,
+    NodeRef,
+    RegistryRef,
+    SshAccess,
+    UnixUser,
+)
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.server.db.allocation import WorkProbe
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, ProjectMember, User
@@ -99,7 +106,24 @@ async def load_cluster_ref(
         kubernetes_port=cluster.kubernetes_port,
     )
     access = await ssh_access(session, cluster, users) if ssh else None
-    return replace(ref, gateway=gateway, ssh=access)
+    return replace(ref, gateway=gateway, ssh=access, registry=registry_ref(rt, cluster.id))
+
+
+def registry_ref(rt: Runtime, cluster_id: str) -> RegistryRef | None:
+    """The registry as the cluster's nodes use it; ``None`` without one."""
+    if rt.registry is None:
+        return None
+    user, password = rt.registry.keys.cluster_credential(cluster_id)
+    return RegistryRef(
+        address=rt.settings.registry_address,
+        ca_pem=rt.registry.ca_pem,
+        user=user,
+        password=password,
+        mirrors=tuple(
+            (host, tuple(endpoints))
+            for host, endpoints in sorted(rt.settings.registry_mirrors.items())
+        ),
+    )
 
 
 async def ssh_access(

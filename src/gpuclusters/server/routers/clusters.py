@@ -9,16 +9,25 @@ from fastapi import APIRouter, Body
 
 from gpuclusters.core import models as api
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
+from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.services import clusters, credentials, nodes, ssh, usage
 
 router = APIRouter(prefix="/v1/projects/{project}")
 
 
+def _registry(rt: Runtime, view: api.Cluster) -> api.Cluster:
+    """The cluster as users see it, with where they push its images."""
+    if rt.registry is None:
+        return view
+    return view.model_copy(update={"registry": f"{rt.settings.registry_address}/{view.project}"})
+
+
 @router.get("/clusters", response_model=list[api.Cluster])
 async def list_clusters(
-    project: str, session: SessionDep, principal: PrincipalDep
+    project: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> list[api.Cluster]:
-    return await clusters.list_clusters(session, principal=principal, project_name=project)
+    views = await clusters.list_clusters(session, principal=principal, project_name=project)
+    return [_registry(rt, v) for v in views]
 
 
 @router.post("/clusters", response_model=api.Cluster, status_code=201)
@@ -29,16 +38,20 @@ async def create_cluster(
     principal: PrincipalDep,
     rt: RuntimeDep,
 ) -> api.Cluster:
-    return await clusters.create_cluster(
-        session, rt=rt, principal=principal, project_name=project, body=body
+    return _registry(
+        rt,
+        await clusters.create_cluster(
+            session, rt=rt, principal=principal, project_name=project, body=body
+        ),
     )
 
 
 @router.get("/clusters/{name}", response_model=api.Cluster)
 async def get_cluster(
-    project: str, name: str, session: SessionDep, principal: PrincipalDep
+    project: str, name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> api.Cluster:
-    return await clusters.get_cluster(session, principal=principal, project_name=project, name=name)
+    view = await clusters.get_cluster(session, principal=principal, project_name=project, name=name)
+    return _registry(rt, view)
 
 
 @router.patch("/clusters/{name}", response_model=api.Cluster)
@@ -50,8 +63,11 @@ async def update_cluster(
     principal: PrincipalDep,
     rt: RuntimeDep,
 ) -> api.Cluster:
-    return await clusters.update_cluster(
-        session, rt=rt, principal=principal, project_name=project, name=name, body=body
+    return _registry(
+        rt,
+        await clusters.update_cluster(
+            session, rt=rt, principal=principal, project_name=project, name=name, body=body
+        ),
     )
 
 
@@ -64,13 +80,16 @@ async def delete_cluster(
     rt: RuntimeDep,
     delete_volume: bool = False,
 ) -> api.Cluster:
-    return await clusters.delete_cluster(
-        session,
-        rt=rt,
-        principal=principal,
-        project_name=project,
-        name=name,
-        delete_volume=delete_volume,
+    return _registry(
+        rt,
+        await clusters.delete_cluster(
+            session,
+            rt=rt,
+            principal=principal,
+            project_name=project,
+            name=name,
+            delete_volume=delete_volume,
+        ),
     )
 
 

@@ -1,0 +1,382 @@
+"""The image registry process: CNCF Distribution, run and kept by the server.
+
+Users push their images to ``<gateway_host>:<registry_port>/<project>/...``
+and every cluster's nodes pull from there (docs/kubernetes.md "Images").
+The registry is the Distribution project's own server (``registry serve``,
+built by ``scripts/build-k8s-addons``); the server only
+
+* writes its configuration (``HOME/registry/config.yml``): filesystem
+  storage (``registry_dir``), HTTPS with the API's TLS certificate, and
+  ``token`` auth whose realm is this server's ``/v1/registry/token`` and
+  whose key set is the one :mod:`security.registry_tokens` signs with;
+* starts it in a session of its own (pid in ``HOME/registry/registry.pid``)
+  and stops it at shutdown. A server killed without a shutdown leaves it
+  running; the next start finds it by its pid file and command line and
+  keeps it when its configuration is unchanged, else replaces it, so there
+  is never more than one;
+* pushes the project's own images (``scripts/build-images`` leaves them as
+  OCI archives in ``images_cache``) into top-level repositories with
+  ``skopeo copy``, skipping an image whose manifest is there already.
+
+Nodes reach the registry and the token endpoint through the host's
+firewall, which lets cluster networks in to those two ports only
+(``linux/firewall.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from gpuclusters.core.clientconfig import replace_atomically
+from gpuclusters.core.registry_access import PULL, PUSH
+from gpuclusters.layers.kubernetes import images
+from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR, K8S_VERSION
+from gpuclusters.linux import firewall
+from gpuclusters.linux.run import CommandError, run
+from gpuclusters.server.security.registry_tokens import ISSUER, SERVICE, RegistryKeys
+from gpuclusters.server.security.tls import ServerTls
+from gpuclusters.server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yml"
+PID_FILE = "registry.pid"
+LOG_FILE = "registry.log"
+SECRET_FILE = "http-secret"
+START_TIMEOUT_S = 20.0
+# Archive names in images_cache whose repository is not their own name: the
+# images every node has had since the first version keep their names
+# (``localhost/gpuclusters-base:latest`` resolves through the registry).
+REPOSITORY_OF = {"base": "gpuclusters-base", "pause": "gpuclusters-pause"}
+
+
+class RegistryError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CachedImage:
+    repository: str
+    tag: str
+    archive: Path
+
+
+def cached_images(caches: list[Path], only: list[str] | None = None) -> list[CachedImage]:
+    """The OCI archives ``<name>_<tag>.tar`` in ``caches``, as repositories
+    (the first directory that has an image wins)."""
+    found: dict[tuple[str, str], CachedImage] = {}
+    for cache in caches:
+        if not cache.is_dir():
+            continue
+        for path in sorted(cache.glob("*_*.tar")):
+            name, _, tag = path.stem.partition("_")
+            repository = REPOSITORY_OF.get(name, name)
+            if only is not None and name not in only and repository not in only:
+                continue
+            found.setdefault((repository, tag), CachedImage(repository, tag, path))
+    return list(found.values())
+
+
+def builtin_archives(directory: Path, k8s_bin: Path) -> Path:
+    """The images every node needs (``layers/kubernetes/images.py``), as
+    archives in ``directory``, for a machine whose ``images_cache`` does
+    not hold them (``scripts/build-images`` not run); rewritten only when
+    their content changes."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    wanted = [("base_latest.tar", images.base_image())]
+    pause_binary = k8s_bin / "pause"
+    if pause_binary.is_file():
+        wanted.append(
+            (f"pause_v{K8S_VERSION}.tar", images.pause_image(pause_binary, f"v{K8S_VERSION}"))
+        )
+    for file_name, image in wanted:
+        path = directory / file_name
+        if not path.exists() or path.read_bytes() != image.archive:
+            replace_atomically(path, image.archive, mode=0o644)
+    return directory
+
+
+def archive_manifest_digest(archive: Path) -> str | None:
+    """The digest of the (first) manifest an OCI archive's index names."""
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                if member.name.lstrip("./") == "index.json":
+                    f = tar.extractfile(member)
+                    if f is None:
+                        return None
+                    index = json.loads(f.read())
+                    manifests = index.get("manifests") or []
+                    return str(manifests[0]["digest"]) if manifests else None
+    except (OSError, tarfile.TarError, ValueError, KeyError):
+        return None
+    return None
+
+
+def render_config(settings: Settings, keys: RegistryKeys, tls: ServerTls, secret: str) -> str:
+    storage = settings.registry_dir or settings.home / "registry" / "storage"
+    config = {
+        "version": 0.1,
+        "log": {"level": "info", "formatter": "text", "accesslog": {"disabled": True}},
+        "storage": {
+            "filesystem": {"rootdirectory": str(storage)},
+            "delete": {"enabled": True},
+            "cache": {"blobdescriptor": "inmemory"},
+            "redirect": {"disable": True},
+        },
+        "http": {
+            "addr": f"{settings.tls_host}:{settings.registry_port}",
+            "secret": secret,
+            "tls": {"certificate": str(tls.cert_file), "key": str(tls.key_file)},
+            "headers": {"X-Content-Type-Options": ["nosniff"]},
+        },
+        "auth": {
+            "token": {
+                "realm": settings.registry_token_url,
+                "service": SERVICE,
+                "issuer": ISSUER,
+                "jwks": str(keys.jwks_file),
+                "signingalgorithms": ["ES256"],
+            }
+        },
+    }
+    return yaml.safe_dump(config, sort_keys=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+class RegistryDaemon:
+    def __init__(self, settings: Settings, keys: RegistryKeys, tls: ServerTls) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.tls = tls
+        self.dir = settings.home / "registry"
+        self.config_file = self.dir / CONFIG_FILE
+        self.pid_file = self.dir / PID_FILE
+        self._proc: asyncio.subprocess.Process | None = None
+
+    # -- the process -----------------------------------------------------------
+
+    def _secret(self) -> str:
+        path = self.dir / SECRET_FILE
+        if not path.exists():
+            replace_atomically(path, secrets.token_hex(32).encode(), mode=0o600)
+        return path.read_text().strip()
+
+    def _running_pid(self) -> int | None:
+        """Our registry's pid, if the pid file names a live process running
+        this binary with this configuration file."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        argv = _cmdline(pid)
+        if (
+            _alive(pid)
+            and argv[:1] == [str(self.settings.registry_bin)]
+            and str(self.config_file) in argv
+        ):
+            return pid
+        return None
+
+    async def start(self) -> None:
+        """Run the registry with the current configuration (idempotent)."""
+        if not self.settings.registry_bin.is_file():
+            raise RegistryError(
+                f"{self.settings.registry_bin} is missing: run scripts/build-k8s-addons "
+                "(or set GPUCLUSTERS_REGISTRY=off)"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        await firewall.open_node_services(self.node_ports)
+        text = render_config(self.settings, self.keys, self.tls, self._secret())
+        changed = not self.config_file.exists() or self.config_file.read_text() != text
+        if changed:
+            replace_atomically(self.config_file, text.encode(), mode=0o600)
+        pid = self._running_pid()
+        if pid is not None and not changed:
+            log.info("image registry already running (pid %d)", pid)
+            await self._wait_serving()
+            return
+        if pid is not None:
+            await self._terminate(pid)
+        log_file = (self.dir / LOG_FILE).open("ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                str(self.settings.registry_bin),
+                "serve",
+                str(self.config_file),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                # Its own session: a Ctrl-C to the server's terminal does not
+                # reach it; the server stops it itself at shutdown.
+                start_new_session=True,
+            )
+        finally:
+            log_file.close()
+        replace_atomically(self.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
+        self._proc = proc
+        await self._wait_serving()
+        log.info("image registry (pid %d) serving on %s", proc.pid, self.settings.registry_address)
+
+    async def _wait_serving(self) -> None:
+        url = f"https://127.0.0.1:{self.settings.registry_port}/v2/"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        # A liveness probe on loopback: the certificate is checked by users
+        # and nodes, who reach it by its public name.
+        async with httpx.AsyncClient(verify=False, timeout=2.0) as http:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(url)).status_code == 401:
+                        return
+                if time.monotonic() > deadline:
+                    tail = (self.dir / LOG_FILE).read_text(errors="replace")[-2000:]
+                    raise RegistryError(f"the image registry did not start; its log:\n{tail}")
+                await asyncio.sleep(0.1)
+
+    async def _terminate(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        proc = self._proc
+        if proc is not None and proc.pid == pid:
+            # Our own child: asyncio reaps it (else it would stay a zombie).
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=5.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+            return
+        for _ in range(100):
+            if not _alive(pid):
+                return
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    @property
+    def node_ports(self) -> list[int]:
+        """The host's ports nodes open: the registry and its token realm."""
+        return [self.settings.registry_port, self.settings.registry_token_port]
+
+    async def stop(self) -> None:
+        await firewall.close_node_services(self.node_ports)
+        pid = self._running_pid()
+        if pid is not None:
+            await self._terminate(pid)
+            log.info("image registry stopped")
+        self.pid_file.unlink(missing_ok=True)
+
+    # -- the project's own images ----------------------------------------------
+
+    def system_token(self, repository: str, actions: tuple[str, ...]) -> str:
+        token, _ = self.keys.mint(
+            subject="gpuclusters-server",
+            access=[{"type": "repository", "name": repository, "actions": list(actions)}],
+        )
+        return token
+
+    async def _remote_digest(self, http: httpx.AsyncClient, image: CachedImage) -> str | None:
+        url = (
+            f"https://127.0.0.1:{self.settings.registry_port}"
+            f"/v2/{image.repository}/manifests/{image.tag}"
+        )
+        headers = {
+            "Authorization": f"Bearer {self.system_token(image.repository, (PULL,))}",
+            "Accept": ", ".join(
+                [
+                    "application/vnd.oci.image.manifest.v1+json",
+                    "application/vnd.oci.image.index.v1+json",
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    "application/vnd.docker.distribution.manifest.list.v2+json",
+                ]
+            ),
+        }
+        with contextlib.suppress(httpx.HTTPError):
+            response = await http.head(url, headers=headers)
+            if response.status_code == 200:
+                digest: str | None = response.headers.get("docker-content-digest")
+                return digest
+        return None
+
+    async def push_system_images(self) -> list[str]:
+        """Push what ``images_cache`` holds and the registry lacks; the
+        references pushed."""
+        k8s_bin = self.settings.k8s_bin or DEFAULT_BIN_DIR
+        builtin = await asyncio.to_thread(builtin_archives, self.dir / "builtin", k8s_bin)
+        wanted = cached_images(
+            [self.settings.images_cache, builtin], self.settings.registry_system_images
+        )
+        pushed: list[str] = []
+        async with httpx.AsyncClient(verify=False, timeout=10.0) as http:
+            for image in wanted:
+                want = await asyncio.to_thread(archive_manifest_digest, image.archive)
+                if want is not None and await self._remote_digest(http, image) == want:
+                    continue
+                ref = f"{image.repository}:{image.tag}"
+                start = time.monotonic()
+                with tempfile.TemporaryDirectory(prefix="gpc-skopeo-") as tmp:
+                    try:
+                        await run(
+                            [
+                                "skopeo",
+                                "copy",
+                                "--quiet",
+                                "--dest-tls-verify=false",
+                                "--dest-registry-token",
+                                self.system_token(image.repository, (PULL, PUSH)),
+                                f"oci-archive:{image.archive}",
+                                f"docker://127.0.0.1:{self.settings.registry_port}/{ref}",
+                            ],
+                            timeout_s=600.0,
+                            env={**os.environ, "TMPDIR": tmp},
+                        )
+                    except (CommandError, OSError) as exc:
+                        raise RegistryError(f"pushing {ref}: {exc}") from exc
+                log.info("pushed %s into the registry in %.1fs", ref, time.monotonic() - start)
+                pushed.append(ref)
+        return pushed
+
+
+def ca_fingerprint_dir(ca_pem: str) -> str:
+    """A short stable name for a CA (used in client-side certificate dirs)."""
+    return hashlib.sha256(ca_pem.encode()).hexdigest()[:16]
+
+
+@dataclass
+class RegistryRuntime:
+    """What the running server holds for the registry."""
+
+    keys: RegistryKeys
+    daemon: RegistryDaemon
+    ca_pem: str | None  # the CA nodes verify it with (None: system trust)

@@ -1,0 +1,392 @@
+"""Cluster DNS, the control plane reaching pods, and metrics-server, end to
+end on the embedded fleet (netns provider), through the real server:
+
+* CoreDNS on the control-plane node answers pods at ``10.96.0.10`` (kube-proxy
+  DNATs it across the cluster bridge): Services, headless Services (pod
+  IPs), pod names by IP, and the cluster's node names (the control-plane
+  node's /etc/hosts, which lists every member);
+* the apiserver reaches pods and kubelets: ``kubectl logs``/``exec``, the
+  pod proxy, and the control-plane node's own route to a pod;
+* metrics-server, an aggregated API served from the control-plane node
+  (``--enable-aggregator-routing``, front-proxy authentication):
+  ``kubectl top nodes`` and ``kubectl top pods`` answer;
+* a server restart re-runs the control-plane step and restarts nothing.
+
+One cluster with two GPU nodes serves every test of the module. Needs root,
+containerd and the binaries of ``scripts/build-k8s`` and
+``scripts/build-k8s-addons`` (coredns, metrics-server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gpuclusters.layers.kubernetes import addons
+from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
+from gpuclusters.linux.layout import NodeLayout
+
+if TYPE_CHECKING:
+    from conftest import ServerHandle, Servers
+
+KUBECTL = DEFAULT_BIN_DIR / "kubectl"
+ADDONS = addons.DEFAULT_BIN_DIR
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the embedded fleet needs root"),
+    pytest.mark.skipif(
+        not KUBECTL.exists() or shutil.which("containerd") is None,
+        reason="run scripts/setup first (Kubernetes binaries, containerd)",
+    ),
+    pytest.mark.skipif(
+        not (ADDONS / "coredns").exists() or not (ADDONS / "metrics-server").exists(),
+        reason="run scripts/build-k8s-addons first (coredns, metrics-server)",
+    ),
+]
+
+CLUSTER = "dns1"
+
+# A web server behind a ClusterIP Service and a headless one, on the first node.
+WEB = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: localhost/gpuclusters-base:latest
+    command: ["sh", "-c", "mkdir -p /www && echo hello-from-web > /www/index.html && \
+exec httpd -f -p 8080 -h /www"]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-headless}
+spec:
+  clusterIP: None
+  selector: {app: web}
+  ports: [{port: 8080}]
+"""
+
+# Runs on the other node: every lookup a pod makes, one line per answer.
+PROBE = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: probe}
+spec:
+  nodeName: {node}
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: localhost/gpuclusters-base:latest
+    command: ["sh", "-c", {script}]
+"""
+
+
+def probe_script(names: list[str], pod_dashed: str) -> str:
+    # Each check prints "<name>=<answer>"; nslookup asks CoreDNS directly,
+    # wget goes through libc's resolver (search domains, ndots) as apps do.
+    lines = [
+        "echo RESOLV; cat /etc/resolv.conf; echo END",
+        # The first lookups may race the Service's EndpointSlice on a fresh node.
+        "for i in $(seq 1 30); do nslookup kubernetes.default.svc.cluster.local "
+        ">/dev/null 2>&1 && break; sleep 1; done",
+    ]
+
+    def lookup(key: str, name: str) -> None:
+        lines.append(
+            f'echo "{key}=$(nslookup {name} 2>/dev/null | '
+            "sed -n '/^Name:/,$ s/^Address:* *//p' | sort | tr '\\n' ' ')\""
+        )
+
+    lookup("kubernetes", "kubernetes.default.svc.cluster.local")
+    lookup("web", "web.default.svc.cluster.local")
+    lookup("headless", "web-headless.default.svc.cluster.local")
+    lookup("pod", f"{pod_dashed}.default.pod.cluster.local")
+    for i, n in enumerate(names):
+        lookup(f"node{i}", n)
+    lookup("missing", "no-such-service.default.svc.cluster.local")
+    lines += [
+        'echo "wget_web=$(wget -q -T 5 -O- http://web/)"',
+        'echo "wget_headless=$(wget -q -T 5 -O- http://web-headless:8080/)"',
+        'echo "wget_fqdn=$(wget -q -T 5 -O- http://web.default.svc.cluster.local/)"',
+    ]
+    return json.dumps("\n".join(lines))
+
+
+@dataclass
+class Cluster:
+    server: ServerHandle
+    kubeconfig: Path
+    nodes: dict[str, str]  # name -> address
+    cp: NodeLayout
+    cp_address: str
+    cp_hostname: str
+    cluster_id: str
+
+
+def cli_ok(server: ServerHandle, *args: str) -> str:
+    r = server.cli(*args, timeout=300)
+    assert r.returncode == 0, f"gpuclusters {' '.join(args)}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        [str(KUBECTL), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if check:
+        assert r.returncode == 0, f"kubectl {' '.join(args)}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def kjson(kubeconfig: Path, *args: str) -> Any:
+    return json.loads(kubectl(kubeconfig, *args, "-o", "json").stdout)
+
+
+def wait(what: str, check: Any, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def in_node(node: NodeLayout, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["nsenter", *node.nsenter_args(), "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def daemon_pids(node: NodeLayout) -> dict[str, int]:
+    """The control-plane node's daemons by program name (its netns's processes)."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", node.netns], capture_output=True, text=True, check=True
+    ).stdout.split()
+    out = {}
+    for pid in pids:
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        out[Path(argv0).name] = int(pid)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    server = module_servers(provider="netns")
+    start = time.monotonic()
+    created = json.loads(
+        cli_ok(server, "clusters", "create", CLUSTER, "--type", "kubernetes", "--gpus", "16",
+               "--wait", "--output", "json")
+    )  # fmt: skip
+    print(f"cluster {CLUSTER} ready in {time.monotonic() - start:.1f}s")
+    assert created["status"] == "ready" and len(created["nodes"]) == 2
+    kubeconfig = tmp_path_factory.mktemp("kube") / "admin.kubeconfig"
+    cli_ok(server, "clusters", "credentials", CLUSTER, "--file", str(kubeconfig))
+    state = json.loads((server.home / "netns-provider.json").read_text())["nodes"]
+    cp_rec = next(r for r in state.values() if r.get("role") == "control-plane")
+    nodes = {r["hostname"]: r["address"] for r in state.values() if r["kind"] == "gpu"}
+    assert sorted(nodes) == sorted(n["name"] for n in created["nodes"])
+    yield Cluster(
+        server=server,
+        kubeconfig=kubeconfig,
+        nodes=nodes,
+        cp=NodeLayout(cp_rec["node_id"], Path(cp_rec["ns_dir"]), Path(cp_rec["nodes_dir"])),
+        cp_address=cp_rec["address"],
+        cp_hostname=cp_rec["hostname"],
+        cluster_id=cp_rec["cluster_id"],
+    )
+    cli_ok(server, "clusters", "delete", CLUSTER, "--wait")
+
+
+@pytest.fixture(scope="module")
+def web(cluster: Cluster) -> dict[str, Any]:
+    """The web pod, Running, on the first node."""
+    first = sorted(cluster.nodes)[0]
+    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=WEB.replace("{node}", first))
+
+    def running() -> dict[str, Any] | None:
+        pod: dict[str, Any] = kjson(cluster.kubeconfig, "get", "pod", "web")
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    pod: dict[str, Any] = wait("web running", running, timeout=90)
+    return pod
+
+
+def test_control_plane_node_serves_dns_and_metrics(cluster: Cluster) -> None:
+    # The control-plane node's /etc/hosts names every member of the cluster.
+    hosts = in_node(cluster.cp, "cat", "/etc/hosts").stdout
+    entries = {ln.split()[1]: ln.split()[0] for ln in hosts.splitlines() if ln.strip()}
+    for name, address in {**cluster.nodes, cluster.cp_hostname: cluster.cp_address}.items():
+        assert entries.get(name) == address, hosts
+    # The node has no resolvers, so CoreDNS forwards nowhere.
+    assert "nameserver" not in in_node(cluster.cp, "cat", "/etc/resolv.conf").stdout
+    corefile = in_node(cluster.cp, "cat", addons.COREFILE).stdout
+    assert "kubernetes cluster.local in-addr.arpa ip6.arpa" in corefile
+    assert "forward" not in corefile
+    # Health and readiness on the node's loopback.
+    for url in (f"http://{addons.COREDNS_HEALTH}/health", f"http://{addons.COREDNS_READY}/ready"):
+        r = in_node(cluster.cp, "curl", "-fsS", "--max-time", "5", url)
+        assert r.returncode == 0 and r.stdout.strip() == "OK", (url, r.stderr)
+    pids = daemon_pids(cluster.cp)
+    assert {"coredns", "metrics-server", "kube-apiserver", "etcd"} <= set(pids)
+
+    # kube-dns: the well-known ClusterIP, no selector, our EndpointSlice.
+    svc = kjson(cluster.kubeconfig, "-n", "kube-system", "get", "service", "kube-dns")
+    assert svc["spec"]["clusterIP"] == "10.96.0.10"
+    assert "selector" not in svc["spec"]
+    assert {(p["port"], p["protocol"]) for p in svc["spec"]["ports"]} == {
+        (53, "UDP"),
+        (53, "TCP"),
+        (9153, "TCP"),
+    }
+    slices = kjson(cluster.kubeconfig, "-n", "kube-system", "get", "endpointslices", "-l",
+                   "kubernetes.io/service-name=kube-dns")["items"]  # fmt: skip
+    assert [e["addresses"] for s in slices for e in s["endpoints"]] == [[cluster.cp_address]]
+
+    # The metrics API is registered with a CA bundle and available.
+    api = kjson(cluster.kubeconfig, "get", "apiservice", addons.METRICS_API)
+    assert api["spec"]["caBundle"] and not api["spec"].get("insecureSkipTLSVerify")
+
+    def available() -> bool:
+        obj = kjson(cluster.kubeconfig, "get", "apiservice", addons.METRICS_API)
+        conds = {c["type"]: c["status"] for c in obj.get("status", {}).get("conditions", [])}
+        return conds.get("Available") == "True"
+
+    wait("the metrics APIService available", available, timeout=60)
+
+
+def test_pods_resolve_services_pods_and_nodes(cluster: Cluster, web: dict[str, Any]) -> None:
+    names = sorted(cluster.nodes)
+    pod_ip = web["status"]["podIP"]
+    web_ip = kjson(cluster.kubeconfig, "get", "service", "web")["spec"]["clusterIP"]
+    script = probe_script(names, pod_ip.replace(".", "-"))
+    kubectl(
+        cluster.kubeconfig,
+        "apply",
+        "-f",
+        "-",
+        stdin=PROBE.replace("{node}", names[1]).replace("{script}", script),
+    )
+    wait(
+        "probe done",
+        lambda: (
+            kjson(cluster.kubeconfig, "get", "pod", "probe")["status"]["phase"]
+            in ("Succeeded", "Failed")
+        ),
+        timeout=120,
+    )
+    out = kubectl(cluster.kubeconfig, "logs", "probe").stdout
+    resolv = out.split("RESOLV\n", 1)[1].split("END\n", 1)[0]
+    answers = dict(
+        line.split("=", 1) for line in out.split("END\n", 1)[1].splitlines() if "=" in line
+    )
+    answers = {k: v.strip() for k, v in answers.items()}
+    print(out)
+    # kubelet gave the pod the cluster's nameserver and search domains.
+    assert "nameserver 10.96.0.10" in resolv
+    assert "search default.svc.cluster.local svc.cluster.local cluster.local" in resolv
+    assert answers["kubernetes"] == "10.96.0.1"
+    assert answers["web"] == web_ip
+    assert answers["headless"] == pod_ip  # a headless Service names its pods
+    assert answers["pod"] == pod_ip
+    for i, n in enumerate(names):
+        assert answers[f"node{i}"] == cluster.nodes[n], n
+    assert answers["missing"] == ""
+    # libc's resolver with the search domains, as applications resolve.
+    assert answers["wget_web"] == "hello-from-web"
+    assert answers["wget_headless"] == "hello-from-web"
+    assert answers["wget_fqdn"] == "hello-from-web"
+
+
+def test_control_plane_reaches_pods_and_kubelets(cluster: Cluster, web: dict[str, Any]) -> None:
+    pod_ip = web["status"]["podIP"]
+    # The control-plane node routes the pod CIDR to the node.
+    r = in_node(cluster.cp, "curl", "-fsS", "--max-time", "5", f"http://{pod_ip}:8080/")
+    assert r.returncode == 0 and r.stdout.strip() == "hello-from-web", r.stderr
+    # apiserver -> pod IP (the pod proxy), apiserver -> kubelet (exec, logs).
+    raw = kubectl(
+        cluster.kubeconfig, "get", "--raw", "/api/v1/namespaces/default/pods/web:8080/proxy/"
+    )
+    assert raw.stdout.strip() == "hello-from-web"
+    svc = kubectl(
+        cluster.kubeconfig, "get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/"
+    )
+    assert svc.stdout.strip() == "hello-from-web"
+    assert (
+        kubectl(cluster.kubeconfig, "exec", "web", "--", "cat", "/www/index.html").stdout.strip()
+        == "hello-from-web"
+    )
+    kubectl(cluster.kubeconfig, "logs", "web")
+
+
+def test_kubectl_top(cluster: Cluster, web: dict[str, Any]) -> None:
+    def top_nodes() -> dict[str, list[str]] | None:
+        r = kubectl(cluster.kubeconfig, "top", "nodes", "--no-headers", check=False)
+        rows = {ln.split()[0]: ln.split()[1:] for ln in r.stdout.splitlines() if ln.strip()}
+        return rows if set(rows) == set(cluster.nodes) else None
+
+    start = time.monotonic()
+    rows = wait("kubectl top nodes", top_nodes, timeout=120)
+    print(f"top nodes after {time.monotonic() - start:.1f}s: {rows}")
+    for cpu, _, memory, _ in rows.values():
+        assert cpu.endswith("m") and memory.endswith("Mi"), rows
+
+    def top_pods() -> list[str] | None:
+        r = kubectl(cluster.kubeconfig, "top", "pods", "--no-headers", check=False)
+        names = [ln.split()[0] for ln in r.stdout.splitlines() if ln.strip()]
+        return names if "web" in names else None
+
+    wait("kubectl top pods", top_pods, timeout=120)
+    # metrics.k8s.io through the aggregation layer, as any client sees it.
+    metrics = kjson(cluster.kubeconfig, "get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
+    assert {i["metadata"]["name"] for i in metrics["items"]} == set(cluster.nodes)
+
+
+def test_server_restart_restarts_nothing(cluster: Cluster) -> None:
+    before = daemon_pids(cluster.cp)
+    marker = f"Kubernetes control plane of {CLUSTER} up"
+    seen = cluster.server.log.count(marker)
+    cluster.server.kill9()
+    cluster.server.start()
+    cluster.server.wait_for(
+        "the control-plane step after the restart",
+        lambda: cluster.server.log.count(marker) > seen,
+        timeout=120,
+    )
+    after = daemon_pids(cluster.cp)
+    for name in ("etcd", "kube-apiserver", "coredns", "metrics-server"):
+        assert after[name] == before[name], name
