@@ -85,7 +85,10 @@ spec:
   ports: [{port: 8080}]
 """
 
-# Runs on the other node: every lookup a pod makes, one line per answer.
+# Runs on the other node: every lookup a pod makes. busybox's nslookup asks
+# the nameserver directly; libc's resolver (search domains, ndots, as
+# applications resolve) is the host's getent with the host's glibc, mounted
+# read-only: the base image's static busybox cannot resolve through libc.
 PROBE = """\
 apiVersion: v1
 kind: Pod
@@ -97,15 +100,23 @@ spec:
   - name: main
     image: localhost/gpuclusters-base:latest
     command: ["sh", "-c", {script}]
+    volumeMounts:
+    - {name: lib, mountPath: /hostlib, readOnly: true}
+    - {name: getent, mountPath: /getent, readOnly: true}
+  volumes:
+  - name: lib
+    hostPath: {path: {libdir}, type: Directory}
+  - name: getent
+    hostPath: {path: /usr/bin/getent, type: File}
 """
+LD_SO = Path("/lib64/ld-linux-x86-64.so.2")
 
 
 def probe_script(names: list[str], pod_dashed: str) -> str:
-    # Each check prints "<name>=<answer>"; nslookup asks CoreDNS directly,
-    # wget goes through libc's resolver (search domains, ndots) as apps do.
+    # Each check prints "<name>=<answers>".
     lines = [
         "echo RESOLV; cat /etc/resolv.conf; echo END",
-        # The first lookups may race the Service's EndpointSlice on a fresh node.
+        # The first lookups may race kube-proxy's rules on a fresh node.
         "for i in $(seq 1 30); do nslookup kubernetes.default.svc.cluster.local "
         ">/dev/null 2>&1 && break; sleep 1; done",
     ]
@@ -116,18 +127,26 @@ def probe_script(names: list[str], pod_dashed: str) -> str:
             "sed -n '/^Name:/,$ s/^Address:* *//p' | sort | tr '\\n' ' ')\""
         )
 
+    def getent(key: str, name: str) -> None:
+        lines.append(
+            f'echo "{key}=$(/hostlib/{LD_SO.name} --library-path /hostlib /getent ahostsv4 '
+            f"{name} | awk '{{print $1}}' | sort -u | tr '\\n' ' ')\""
+        )
+
     lookup("kubernetes", "kubernetes.default.svc.cluster.local")
     lookup("web", "web.default.svc.cluster.local")
     lookup("headless", "web-headless.default.svc.cluster.local")
     lookup("pod", f"{pod_dashed}.default.pod.cluster.local")
+    # A trailing dot: busybox's nslookup tries only the search domains
+    # for a name with fewer dots than ndots, never the name itself.
     for i, n in enumerate(names):
-        lookup(f"node{i}", n)
+        lookup(f"node{i}", f"{n}.")
     lookup("missing", "no-such-service.default.svc.cluster.local")
-    lines += [
-        'echo "wget_web=$(wget -q -T 5 -O- http://web/)"',
-        'echo "wget_headless=$(wget -q -T 5 -O- http://web-headless:8080/)"',
-        'echo "wget_fqdn=$(wget -q -T 5 -O- http://web.default.svc.cluster.local/)"',
-    ]
+    getent("libc_web", "web")
+    getent("libc_headless", "web-headless")
+    getent("libc_kubernetes", "kubernetes.default")
+    getent("libc_node", names[0])
+    getent("libc_outside", "no-such-name.example")
     return json.dumps("\n".join(lines))
 
 
@@ -299,7 +318,9 @@ def test_pods_resolve_services_pods_and_nodes(cluster: Cluster, web: dict[str, A
         "apply",
         "-f",
         "-",
-        stdin=PROBE.replace("{node}", names[1]).replace("{script}", script),
+        stdin=PROBE.replace("{node}", names[1])
+        .replace("{script}", script)
+        .replace("{libdir}", str(LD_SO.resolve().parent)),
     )
     wait(
         "probe done",
@@ -326,10 +347,12 @@ def test_pods_resolve_services_pods_and_nodes(cluster: Cluster, web: dict[str, A
     for i, n in enumerate(names):
         assert answers[f"node{i}"] == cluster.nodes[n], n
     assert answers["missing"] == ""
-    # libc's resolver with the search domains, as applications resolve.
-    assert answers["wget_web"] == "hello-from-web"
-    assert answers["wget_headless"] == "hello-from-web"
-    assert answers["wget_fqdn"] == "hello-from-web"
+    # libc's resolver: short names through the search domains, node names.
+    assert answers["libc_web"] == web_ip
+    assert answers["libc_headless"] == pod_ip
+    assert answers["libc_kubernetes"] == "10.96.0.1"
+    assert answers["libc_node"] == cluster.nodes[names[0]]
+    assert answers["libc_outside"] == ""  # no upstream resolvers: not found, at once
 
 
 def test_control_plane_reaches_pods_and_kubelets(cluster: Cluster, web: dict[str, Any]) -> None:
@@ -372,7 +395,8 @@ def test_kubectl_top(cluster: Cluster, web: dict[str, Any]) -> None:
 
     wait("kubectl top pods", top_pods, timeout=120)
     # metrics.k8s.io through the aggregation layer, as any client sees it.
-    metrics = kjson(cluster.kubeconfig, "get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
+    raw = kubectl(cluster.kubeconfig, "get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
+    metrics = json.loads(raw.stdout)
     assert {i["metadata"]["name"] for i in metrics["items"]} == set(cluster.nodes)
 
 

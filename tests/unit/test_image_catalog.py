@@ -424,12 +424,12 @@ def test_debian_command_order_and_filters(tmp_path: Path, monkeypatch: pytest.Mo
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in cmd
     assert "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr" in cmd
     hooks = [c.split("=", 1)[1] for c in cmd if c.startswith("--customize-hook=")]
-    assert hooks[0] == "echo hook"
-    assert hooks[1].startswith("install -D -m 600 -o 1000 -g 1000 ") and hooks[1].endswith(
+    assert hooks[0] == ic.CLEANUP_HOOK
+    assert hooks[1] == "echo hook"
+    assert hooks[2].startswith("install -D -m 600 -o 1000 -g 1000 ") and hooks[2].endswith(
         '"$1"/etc/x.conf'
     )
     assert (tmp_path / "file-0").read_bytes() == b"x\n"
-    assert hooks[2] == ic.CLEANUP_HOOK
     assert hooks[3].startswith('chroot "$1" ') and "'openssl version'" in hooks[3]
     # Suite, the tar on stdout, then the mirrors.
     i = cmd.index("-")
@@ -576,3 +576,36 @@ def test_skopeo_reads_the_archive(tmp_path: Path) -> None:
     config = json.loads(out)
     assert config["config"]["Entrypoint"] == ["/manager"]
     assert config["config"]["Cmd"] == ["--help"]
+
+
+def test_cleanup_hook_on_a_root_filesystem(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    keep = [
+        "run/lock/.keep",
+        "etc/passwd",
+        "var/lib/apt/lists/partial/.keep-dir",
+        "var/cache/apt/archives/partial/.keep-dir",
+    ]
+    drop = [
+        "etc/resolv.conf",
+        "etc/hostname",
+        "var/cache/ldconfig/aux-cache",
+        "var/lib/dpkg/status-old",
+        "var/cache/apt/pkgcache.bin",
+        "var/lib/apt/lists/deb.debian.org_Packages",
+        "var/cache/apt/archives/bash.deb",
+        "var/log/dpkg.log",
+        "run/mount/utab",
+        "tmp/x",
+    ]
+    for name in keep + drop:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        if not name.endswith(".keep-dir"):
+            (root / name).write_text("x")
+    subprocess.run(["sh", "-ec", ic.CLEANUP_HOOK, "hook", str(root)], check=True, timeout=30)
+    for name in drop:
+        assert not (root / name).exists(), name
+    for name in keep:
+        assert (root / name).parent.is_dir(), name
+    assert (root / "run/lock/.keep").exists() and (root / "etc/passwd").exists()
+    assert not (root / "run/mount").exists()

@@ -21,6 +21,7 @@ from gpuclusters.cli import (
     login,
     nodes,
     org,
+    registry,
     server,
     ssh_keys,
     usage,
@@ -50,6 +51,7 @@ nodes.app.command("inject-fault")(health.inject_fault)
 app.add_typer(org.projects_app, name="projects")
 app.add_typer(org.api_keys_app, name="api-keys")
 app.add_typer(ssh_keys.app, name="ssh-keys")
+app.add_typer(registry.app, name="registry")
 app.add_typer(org.users_app, name="users")
 app.add_typer(org.gpu_types_app, name="gpu-types")
 app.add_typer(org.regions_app, name="regions")

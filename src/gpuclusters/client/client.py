@@ -59,7 +59,7 @@ from gpuclusters.core.clientconfig import (
     read_config,
 )
 from gpuclusters.core.errors import ValidationError
-from gpuclusters.core.models import WhoAmI
+from gpuclusters.core.models import RegistryInfo, WhoAmI
 
 DEFAULT_TIMEOUT_S = 30.0
 ENV_CA_FILE = "GPUCLUSTERS_CA_FILE"
@@ -145,6 +145,10 @@ class Client:
 
     def whoami(self) -> WhoAmI:
         return self._session.get("/v1/whoami", WhoAmI)
+
+    def registry(self) -> RegistryInfo:
+        """Where the image registry is (``not_found`` where none runs)."""
+        return self._session.get("/v1/registry", RegistryInfo)
 
     def close(self) -> None:
         self._session.http.close()

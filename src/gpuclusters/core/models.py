@@ -333,6 +333,16 @@ class User(_Out):
     deleted_at: datetime | None = None
 
 
+class RegistryInfo(_Out):
+    """The image registry users push to (docs/kubernetes.md "Images")."""
+
+    address: str = Field(description="HOST:PORT; repositories are PROJECT/NAME")
+    token_url: str = Field(description="where clients get tokens (user name + API key)")
+    ca_pem: str | None = Field(
+        default=None, description="the CA its certificate is signed by (None: a public CA)"
+    )
+
+
 class WhoAmI(_Out):
     user: str
     organization: str

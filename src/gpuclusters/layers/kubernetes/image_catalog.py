@@ -275,18 +275,21 @@ DPKG_FILTERS = (
     "path-include=/usr/share/locale/locale.alias",
     "path-exclude=/usr/share/lintian/*",
 )
-# After the recipe's own hooks: drop what mmdebstrap copied from this machine
+# Before the recipe's own hooks: drop what mmdebstrap copied from this machine
 # (the runtime provides resolv.conf and hostname), apt's package lists and
 # downloaded packages (mmdebstrap's own cleanup left 90 MB of them in minbase
 # builds here), dpkg's and debconf's backups, logs, and ldconfig's auxiliary
-# cache (it differs per build). The directories stay: `apt-get update && apt-get
-# install` works in a derived image.
+# cache (it differs per build), and what the package scripts left in /run
+# (mmdebstrap's own /run cleanup is skipped: it would run after the hooks).
+# The directories stay: `apt-get update && apt-get install` works in a derived
+# image.
 CLEANUP_HOOK = (
     'rm -f "$1/etc/resolv.conf" "$1/etc/hostname" "$1/var/cache/ldconfig/aux-cache"'
     ' "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old "$1"/var/cache/apt/*.bin'
     ' && for d in "$1/var/lib/apt/lists" "$1/var/cache/apt/archives" "$1/var/log"; do'
     ' if [ -d "$d" ]; then find "$d" -type f -delete; fi; done'
     ' && rm -rf "$1"/tmp/* "$1/root/.cache"'
+    ' && find "$1/run" -mindepth 1 -maxdepth 1 ! -name lock -exec rm -rf {} +'
 )
 # mmdebstrap makes device nodes in the tar; the container runtime provides
 # /dev, and a layer with device nodes cannot be unpacked without privilege.
@@ -296,11 +299,14 @@ _DROPPED_PREFIXES = ("./dev/", "dev/")
 @dataclass(frozen=True, slots=True)
 class DebianLayer:
     """A Debian root filesystem (``mmdebstrap --variant=VARIANT
-    --include=PACKAGES``): hooks run first (shell, ``$1`` is the root
-    filesystem, as mmdebstrap's ``--customize-hook``), then ``files`` are
-    installed (they may land in places the hooks made, e.g. a user's home),
-    then each of ``checks`` runs inside it (``chroot``) and fails the build
-    if it fails.
+    --include=PACKAGES``). After the packages, ``CLEANUP_HOOK`` runs, then
+    the recipe's ``hooks`` (shell, ``$1`` is the root filesystem, as
+    mmdebstrap's ``--customize-hook``), then ``files`` are installed (they may
+    land in places the hooks made, e.g. a user's home), then each of
+    ``checks`` runs inside it (``chroot``) and fails the build if it fails;
+    checks must leave nothing behind. ``exclude`` adds dpkg path filters to ``DPKG_FILTERS``: files
+    of installed packages that are never used in this image (dpkg keeps the
+    packages installed, so apt stays consistent in a derived image).
 
     Recommends are not installed (mmdebstrap's default). /usr is merged the
     way Debian 12 does it, without pulling in the ``usrmerge`` package and
@@ -312,10 +318,12 @@ class DebianLayer:
     hooks: tuple[str, ...] = ()
     files: tuple[FileSpec, ...] = ()
     checks: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     def fingerprint(self) -> dict[str, Any]:
         return {
             "kind": "debian",
+            "exclude": list(self.exclude),
             "suite": self.suite,
             "variant": self.variant,
             "packages": sorted(self.packages),
@@ -344,7 +352,9 @@ class DebianLayer:
     def command(self, work: Path) -> list[str]:
         """The mmdebstrap command line; inline files are written under
         ``work`` for the install hooks to copy."""
-        hooks = list(self.hooks)
+        # The cleanup first, so that what the recipe's hooks make stays (a
+        # directory in /run, which mmdebstrap's own cleanup would empty).
+        hooks = [CLEANUP_HOOK, *self.hooks]
         for i, f in enumerate(self.files):
             src = f.source() if isinstance(f, HostFile) else work / f"file-{i}"
             if isinstance(f, InlineFile):
@@ -353,7 +363,6 @@ class DebianLayer:
                 f"install -D -m {f.mode:o} -o {f.uid} -g {f.gid} {shlex.quote(str(src))}"
                 f' "$1"{shlex.quote(f.dest)}'
             )
-        hooks.append(CLEANUP_HOOK)
         # No bytecode written by the checks: it would land in the image.
         hooks += [
             f'chroot "$1" env PYTHONDONTWRITEBYTECODE=1 /bin/sh -ec {shlex.quote(check)}'
@@ -367,7 +376,9 @@ class DebianLayer:
             "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
             '--aptopt=Acquire::Retries "3"',
             "--dpkgopt=force-unsafe-io",
+            "--skip=cleanup/run",
             *(f"--dpkgopt={f}" for f in DPKG_FILTERS),
+            *(f"--dpkgopt=path-exclude={path}" for path in self.exclude),
             *(f"--customize-hook={h}" for h in hooks),
             "--format=tar",
             self.suite,
@@ -540,6 +551,7 @@ def debian_image(
     hooks: Sequence[str] = (),
     files: Sequence[FileSpec] = (),
     checks: Sequence[str] = (),
+    exclude: Sequence[str] = (),
     extra_files: Sequence[FileSpec] = (),
     entrypoint: tuple[str, ...] = (),
     cmd: tuple[str, ...] = ("bash",),
@@ -559,6 +571,7 @@ def debian_image(
             hooks=tuple(hooks),
             files=tuple(files),
             checks=tuple(checks),
+            exclude=tuple(exclude),
         )
     ]
     if extra_files:
@@ -775,12 +788,12 @@ def default_recipes(src: Sources | None = None) -> list[ImageRecipe]:
             ),
             hooks=(
                 'chroot "$1" useradd --create-home --uid 1000 mpiuser',
-                # sshd's privilege separation directory, for a root sshd.
+                # For a worker whose sshd runs as root (`sshd -De`, with
+                # the image's host keys, which openssh-server's postinst made
+                # as in upstream's image; host keys are not checked): its
+                # privilege separation directory. Workers run as mpiuser use
+                # ~/.sshd_config and the operator's key instead.
                 'mkdir -p "$1/run/sshd"',
-                # Made by openssh-server's postinst: one key pair shared by
-                # every container of the image is no host key. The workers'
-                # sshd uses the operator's key (~/.ssh/id_rsa).
-                'rm -f "$1"/etc/ssh/ssh_host_*',
             ),
             files=(
                 InlineFile("/etc/ssh/ssh_config.d/mpi-operator.conf", MPI_SSH_CONFIG),
@@ -816,6 +829,22 @@ def default_recipes(src: Sources | None = None) -> list[ImageRecipe]:
                 "python3 -c 'import torch.distributed as d;"
                 ' assert d.is_available() and d.is_gloo_available(), "no gloo"\'',
                 "torchrun --help >/dev/null",
+                # gloo works: a one-process all-reduce over loopback.
+                "GLOO_SOCKET_IFNAME=lo python3 -c 'import torch, torch.distributed as d;"
+                ' d.init_process_group("gloo", init_method="file:///tmp/gloo-check",'
+                " rank=0, world_size=1); t = torch.ones(2); d.all_reduce(t);"
+                " assert t.tolist() == [1.0, 1.0]' && rm -f /tmp/gloo-check",
+            ),
+            # Pulled in through OpenCV and FFmpeg, which libtorch links, but
+            # never loaded by it: Mesa's GL drivers and the LLVM and Z3 they
+            # link (165 MB), libtorch's C++ test programs (51 MB), PROJ's
+            # data (23 MB; GDAL's projections).
+            exclude=(
+                "/usr/lib/x86_64-linux-gnu/dri/*",
+                "/usr/lib/x86_64-linux-gnu/libLLVM-15.so*",
+                "/usr/lib/x86_64-linux-gnu/libz3.so*",
+                "/usr/lib/libtorch-test/*",
+                "/usr/share/proj/*",
             ),
             cmd=("python3",),
             summary="PyTorch 1.13 (CPU, gloo) from Debian 12, with torchrun",

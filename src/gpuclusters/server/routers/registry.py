@@ -12,8 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 
+from gpuclusters.core import models as api
 from gpuclusters.core.errors import NotFoundError
-from gpuclusters.server.deps import RuntimeDep, SessionDep
+from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.services import registry
 
 router = APIRouter(prefix="/v1/registry")
@@ -49,4 +50,16 @@ async def token(
     at = datetime.fromtimestamp(issued.issued_at, UTC).isoformat().replace("+00:00", "Z")
     return RegistryToken(
         token=issued.token, access_token=issued.token, expires_in=issued.expires_in, issued_at=at
+    )
+
+
+@router.get("", response_model=api.RegistryInfo)
+async def registry_info(rt: RuntimeDep, principal: PrincipalDep) -> api.RegistryInfo:
+    """Where the registry is, for ``gpuclusters registry login``."""
+    if rt.registry is None:
+        raise NotFoundError("this server runs no image registry")
+    return api.RegistryInfo(
+        address=rt.settings.registry_address,
+        token_url=rt.settings.registry_token_url,
+        ca_pem=rt.registry.ca_pem,
     )

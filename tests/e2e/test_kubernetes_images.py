@@ -1,0 +1,251 @@
+"""Kubernetes users bring their own images (docs/kubernetes.md "Images").
+
+As in test_remote_access, everything user-facing runs on a "laptop" (its
+own network namespace, a non-root account, the CLI from its own virtual
+environment, Debian's ``skopeo`` and the cluster's ``kubectl``): log in,
+``gpuclusters registry login``, push an image of one's own with ``skopeo
+copy`` to the registry address the cluster's JSON shows, run it as a
+Deployment behind a Service, reach that Service by name from another pod.
+A user of another project can neither pull nor push the first project's
+images, and pushes to their own.
+
+One Kubernetes cluster (2 nodes) serves the module; tests run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from netlab import Laptop
+
+from gpuclusters.layers.kubernetes import images
+from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
+from gpuclusters.server.settings import Settings
+
+if TYPE_CHECKING:
+    from conftest import ServerHandle, Servers
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root"),
+    pytest.mark.skipif(shutil.which("skopeo") is None, reason="run scripts/setup first"),
+    pytest.mark.skipif(
+        not (DEFAULT_BIN_DIR / "kubectl").exists() or not Settings().registry_bin.is_file(),
+        reason="run scripts/setup first (Kubernetes and add-on binaries)",
+    ),
+]
+PAGE = "served from an image pushed by its user"
+
+
+class World:
+    def __init__(self, server: ServerHandle, laptop: Laptop) -> None:
+        self.server = server
+        self.laptop = laptop
+        self.cluster: dict[str, Any] = {}
+
+    def admin(self, *args: str, timeout: float = 180) -> str:
+        r = self.server.cli(*args, timeout=timeout)
+        assert r.returncode == 0, f"gpuclusters {' '.join(args)}\n{r.stdout}\n{r.stderr}"
+        return r.stdout
+
+    def api_key(self, user: str, project: str, role: str) -> str:
+        out = self.admin(
+            "api-keys", "create", "--user", user, "--project", project, "--role", role,
+            "--output", "json",
+        )  # fmt: skip
+        return str(json.loads(out)["key"])
+
+    def user(self, *argv: str, home: str = ".gpuclusters", timeout: float = 180) -> Any:
+        """A command of the laptop's user; ``home`` picks the CLI config
+        (and, through it, whose registry credentials are used)."""
+        env = {
+            "GPUCLUSTERS_HOME": f"{self.laptop.home}/{home}",
+            "REGISTRY_AUTH_FILE": f"{self.laptop.home}/{home}/registry-auth.json",
+        }
+        return self.laptop.run(*argv, env=env, timeout=timeout)
+
+    def ok(self, *argv: str, home: str = ".gpuclusters", timeout: float = 180) -> str:
+        r = self.user(*argv, home=home, timeout=timeout)
+        assert r.returncode == 0, f"laptop: {' '.join(argv)}\n{r.stdout}\n{r.stderr}"
+        return str(r.stdout)
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120) -> Any:
+        kc = f"{self.laptop.home}/kubeconfig"
+        return self.laptop.run("kubectl", "--kubeconfig", kc, *args, stdin=stdin, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def world(module_servers: Servers) -> Iterator[World]:
+    laptop = Laptop(PROJECT_ROOT)
+    try:
+        laptop.up()
+        server = module_servers(provider="netns", start=False, public_host=laptop.gateway)
+        server.start()
+        yield World(server, laptop)
+    finally:
+        module_servers.close()
+        laptop.close()
+
+
+def _login(world: World, user: str, project: str, home: str) -> None:
+    key = world.api_key(user, project, "editor" if user != "alice" else "admin")
+    ca = world.server.home / "tls" / "ca.pem"
+    (world.laptop.home / "ca.pem").write_bytes(ca.read_bytes())
+    url = f"https://{world.laptop.gateway}:{world.server.env['GPUCLUSTERS_TLS_PORT']}"
+    world.ok("gpuclusters", "login", "--url", url, "--api-key", key,
+             "--ca-file", f"{world.laptop.home}/ca.pem", home=home)  # fmt: skip
+
+
+def _app_archive(laptop: Laptop) -> Path:
+    """The user's own image: busybox plus a web page, two layers, as an OCI
+    archive on the laptop (how they built it does not matter to the registry)."""
+    page = images.TarWriter()
+    page.dir("www")
+    page.file("www/index.html", (PAGE + "\n").encode())
+    work = laptop.home / "build"
+    work.mkdir(exist_ok=True)
+    layers = [
+        images.gzip_layer([images.base_layer()], work / "base.tar.gz"),
+        images.gzip_layer([page.close()], work / "page.tar.gz"),
+    ]
+    config = {"Env": [images.PATH_ENV], "Cmd": ["httpd", "-f", "-p", "8080", "-h", "/www"]}
+    path = laptop.home / "web.tar"
+    images.write_oci_archive(path, "web:1", layers, config)
+    os.chown(path, laptop.uid, laptop.uid)
+    return path
+
+
+def test_push_an_image_with_skopeo(world: World) -> None:
+    _login(world, "alice", "default", ".gpuclusters")
+    out = json.loads(world.ok("gpuclusters", "registry", "login", "--output", "json"))
+    address = out["address"]
+    assert address == f"{world.laptop.gateway}:{world.server.env['GPUCLUSTERS_REGISTRY_PORT']}"
+    assert out["push_to"] == f"{address}/default/NAME:TAG"
+    archive = _app_archive(world.laptop)
+    # No flags: the credentials and the CA come from `registry login`.
+    world.ok("skopeo", "copy", "--quiet", f"oci-archive:{archive}",
+             f"docker://{address}/default/web:1")  # fmt: skip
+    inspected = json.loads(world.ok("skopeo", "inspect", f"docker://{address}/default/web:1"))
+    assert inspected["Name"] == f"{address}/default/web"
+    # Without credentials, nothing.
+    anon = world.laptop.run(
+        "skopeo", "inspect", "--no-creds", f"docker://{address}/default/web:1",
+        env={"REGISTRY_AUTH_FILE": "/dev/null"},
+    )  # fmt: skip
+    assert anon.returncode != 0
+
+
+def test_pods_run_the_pushed_image_behind_a_service(world: World) -> None:
+    out = world.ok("gpuclusters", "clusters", "create", "imgs", "--type", "kubernetes",
+                   "--gpus", "16", "--wait", "--output", "json", timeout=300)  # fmt: skip
+    world.cluster = json.loads(out)
+    registry = world.cluster["registry"]
+    assert (
+        registry
+        == f"{world.laptop.gateway}:{world.server.env['GPUCLUSTERS_REGISTRY_PORT']}/default"
+    )
+    world.ok("gpuclusters", "clusters", "credentials", "imgs",
+             "--file", f"{world.laptop.home}/kubeconfig")  # fmt: skip
+    manifest = f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      containers:
+      - name: web
+        image: {registry}/web:1
+        ports: [{{containerPort: 8080}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web}}
+spec:
+  selector: {{app: web}}
+  ports: [{{port: 80, targetPort: 8080}}]
+"""
+    applied = world.kubectl("apply", "-f", "-", stdin=manifest)
+    assert applied.returncode == 0, applied.stderr
+    rolled = world.kubectl("rollout", "status", "deployment/web", "--timeout=120s", timeout=150)
+    if rolled.returncode != 0:
+        described = world.kubectl("describe", "pods", "-l", "app=web")
+        pytest.fail(f"deployment web not ready: {rolled.stderr}\n{described.stdout}")
+    # Another pod, on either node, reaches the Service by its name.
+    fetched = _run_pod(world, "fetch", f"{registry}/web:1", "wget", "-q", "-O", "-", "http://web/")
+    assert PAGE in fetched
+
+
+def _run_pod(world: World, name: str, image: str, *command: str) -> str:
+    """``kubectl run`` to completion; its output (deleted afterwards)."""
+    started = world.kubectl("run", name, f"--image={image}", "--restart=Never", "--", *command)
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 120
+        phase = ""
+        while time.monotonic() < deadline:
+            got = world.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}")
+            phase = got.stdout.strip()
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(1)
+        logs = world.kubectl("logs", name).stdout
+        if phase != "Succeeded":
+            described = world.kubectl("describe", "pod", name).stdout
+            pytest.fail(f"pod {name} ended {phase!r}:\n{logs}\n{described}")
+        return str(logs)
+    finally:
+        world.kubectl("delete", "pod", name, "--wait=false")
+
+
+def test_another_project_can_neither_pull_nor_push(world: World) -> None:
+    world.admin("projects", "create", "vision")
+    _login(world, "bob", "vision", ".bob")
+    out = json.loads(world.ok("gpuclusters", "registry", "login", "--output", "json", home=".bob"))
+    address = out["address"]
+    denied_pull = world.user("skopeo", "inspect", f"docker://{address}/default/web:1", home=".bob")
+    assert denied_pull.returncode != 0
+    assert "unauthorized" in denied_pull.stderr.lower() or "denied" in denied_pull.stderr.lower()
+    archive = world.laptop.home / "web.tar"
+    denied_push = world.user("skopeo", "copy", "--quiet", f"oci-archive:{archive}",
+                             f"docker://{address}/default/bob:1", home=".bob")  # fmt: skip
+    assert denied_push.returncode != 0
+    # Their own project's repositories are theirs.
+    world.ok("skopeo", "copy", "--quiet", f"oci-archive:{archive}",
+             f"docker://{address}/vision/web:1", home=".bob")  # fmt: skip
+    # And alice's pull credential in her cluster does not reach bob's images.
+    started = _pod_phase_after(world, "stranger", f"{address}/vision/web:1")
+    assert started in ("Pending",), started
+
+
+def _pod_phase_after(world: World, name: str, image: str) -> str:
+    """Start a pod of ``image`` and return its phase once the pull failed
+    (the image pull error shows in its container status)."""
+    r = world.kubectl("run", name, f"--image={image}", "--restart=Never", "--", "true")
+    assert r.returncode == 0, r.stderr
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = world.kubectl("get", "pod", name, "-o", "json")
+            pod = json.loads(got.stdout)
+            waiting = [
+                s.get("state", {}).get("waiting", {}).get("reason", "")
+                for s in pod.get("status", {}).get("containerStatuses", [])
+            ]
+            if any(w in ("ErrImagePull", "ImagePullBackOff") for w in waiting):
+                return str(pod["status"]["phase"])
+            time.sleep(1)
+        pytest.fail(f"pod {name} never failed to pull: {pod.get('status')}")
+    finally:
+        world.kubectl("delete", "pod", name, "--wait=false")
