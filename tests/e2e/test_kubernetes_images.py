@@ -88,6 +88,8 @@ def world(module_servers: Servers) -> Iterator[World]:
     try:
         laptop.up()
         server = module_servers(provider="netns", start=False, public_host=laptop.gateway)
+        # The tools' images too (scripts/build-images builds them).
+        server.env["GPUCLUSTERS_REGISTRY_SYSTEM_IMAGES"] = '["base", "pause", "kueue"]'
         server.start()
         yield World(server, laptop)
     finally:
@@ -249,3 +251,130 @@ def _pod_phase_after(world: World, name: str, image: str) -> str:
         pytest.fail(f"pod {name} never failed to pull: {pod.get('status')}")
     finally:
         world.kubectl("delete", "pod", name, "--wait=false")
+
+
+KUEUE_QUEUES = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: default-flavor}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: cluster-queue}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: ["cpu", "memory", "nvidia.com/gpu"]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {name: cpu, nominalQuota: 9}
+      - {name: memory, nominalQuota: 36Gi}
+      - {name: nvidia.com/gpu, nominalQuota: 8}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {namespace: default, name: user-queue}
+spec: {clusterQueue: cluster-queue}
+"""
+
+
+def kueue_job(name: str, seconds: int) -> str:
+    return f"""
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+  labels: {{kueue.x-k8s.io/queue-name: user-queue}}
+spec:
+  suspend: true
+  parallelism: 1
+  completions: 1
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: localhost/gpuclusters-base:latest
+        command: ["sh", "-c", "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; sleep {seconds}"]
+        resources:
+          requests: {{cpu: 100m, memory: 64Mi, nvidia.com/gpu: 8}}
+          limits: {{nvidia.com/gpu: 8}}
+"""
+
+
+def _job(world: World, name: str) -> dict[str, Any]:
+    r = world.kubectl("get", "job", name, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def _wait(what: str, check: Any, timeout_s: float = 120) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(1)
+
+
+def test_kueue_queues_a_second_gpu_job_behind_the_first(world: World) -> None:
+    from gpuclusters.layers.kubernetes import ecosystem
+
+    # The release manifest with its image reference rewritten (the user
+    # downloaded it; docs/ecosystem/kueue.md), applied as Kueue's docs say.
+    manifest = world.laptop.home / "kueue-manifests.yaml"
+    manifest.write_text(ecosystem.render("kueue"))
+    applied = world.kubectl("apply", "--server-side", "-f", str(manifest), timeout=300)
+    assert applied.returncode == 0, applied.stderr
+    up = world.kubectl("-n", "kueue-system", "wait", "deployment/kueue-controller-manager",
+                       "--for=condition=available", "--timeout=240s", timeout=260)  # fmt: skip
+    if up.returncode != 0:
+        pods = world.kubectl("-n", "kueue-system", "describe", "pods").stdout
+        pytest.fail(f"kueue did not start: {up.stderr}\n{pods}")
+    # Its admission webhooks answer once their endpoints are there: the
+    # queues are applied as soon as the apiserver can call them.
+    _wait(
+        "Kueue's webhooks to admit the queues",
+        lambda: world.kubectl("apply", "-f", "-", stdin=KUEUE_QUEUES).returncode == 0,
+    )
+    assert world.kubectl("apply", "-f", "-", stdin=kueue_job("first", 20)).returncode == 0
+    _wait("the first job to be admitted and run", lambda: _job(world, "first")["spec"]["suspend"]
+          is False and _job(world, "first").get("status", {}).get("active"))  # fmt: skip
+    assert world.kubectl("apply", "-f", "-", stdin=kueue_job("second", 1)).returncode == 0
+
+    # The quota (8 GPUs) is the first job's while it runs: the second's
+    # workload is there but not admitted, and the job stays suspended.
+    def second_workload() -> dict[str, Any] | None:
+        listed = json.loads(world.kubectl("get", "workloads", "-o", "json").stdout)
+        owned = [
+            w
+            for w in listed["items"]
+            if any(o["name"] == "second" for o in w["metadata"].get("ownerReferences", []))
+        ]
+        return owned[0] if owned else None
+
+    _wait("the second job's workload", second_workload)
+    checked = 0
+    while not _job(world, "first").get("status", {}).get("succeeded"):
+        workload = second_workload()
+        assert workload is not None
+        admitted = [
+            c
+            for c in workload.get("status", {}).get("conditions", [])
+            if c["type"] in ("QuotaReserved", "Admitted") and c["status"] == "True"
+        ]
+        assert not admitted, workload["status"]
+        assert _job(world, "second")["spec"]["suspend"] is True
+        checked += 1
+        time.sleep(1)
+    assert checked > 0, "the first job finished before the second was checked"
+    # Then it runs to completion, after the first.
+    done = world.kubectl("wait", "--for=condition=complete", "job/second", "--timeout=180s",
+                         timeout=200)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first, second = _job(world, "first"), _job(world, "second")
+    assert first["status"]["succeeded"] == 1
+    assert second["status"]["startTime"] >= first["status"]["completionTime"]

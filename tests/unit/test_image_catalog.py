@@ -23,6 +23,7 @@ import pytest
 
 from gpuclusters.layers.kubernetes import image_catalog as ic
 from gpuclusters.layers.kubernetes import images
+from gpuclusters.layers.kubernetes.config import K8S_VERSION
 from gpuclusters.layers.kubernetes.images import (
     CONFIG_MEDIA,
     LAYER_GZIP_MEDIA,
@@ -331,7 +332,7 @@ def test_catalog_entries_match_the_upstream_images(tmp_path: Path) -> None:
         "vc-scheduler": ("v1.15.0", ["/vc-scheduler"], None),
         "vc-controller-manager": ("v1.15.0", ["/vc-controller-manager"], None),
         "vc-webhook-manager": ("v1.15.0", ["/vc-webhook-manager"], None),
-        "pause": (f"v{ic.k8s_config.K8S_VERSION}", ["/pause"], "65535:65535"),
+        "pause": (f"v{K8S_VERSION}", ["/pause"], "65535:65535"),
     }
     for name, (tag, entrypoint, user) in expected.items():
         recipe = recipes[name]
@@ -374,6 +375,22 @@ def test_catalog_entries_match_the_upstream_images(tmp_path: Path) -> None:
     assert isinstance(torch_layer, ic.DebianLayer)
     assert "python3-torch" in torch_layer.packages
     assert any("is_gloo_available" in c for c in torch_layer.checks)
+
+
+def test_catalog_rejects_bad_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def recipes(_src: ic.Sources | None = None) -> list[ic.ImageRecipe]:
+        return [ic.ImageRecipe("my_tool", "v1", ())]
+
+    monkeypatch.setattr(ic, "default_recipes", recipes)
+    with pytest.raises(ImageBuildError, match="bad image name"):
+        ic.catalog(_sources(tmp_path))
+
+    def twice(_src: ic.Sources | None = None) -> list[ic.ImageRecipe]:
+        return [ic.ImageRecipe("tool", "v1", ()), ic.ImageRecipe("tool", "v2", ())]
+
+    monkeypatch.setattr(ic, "default_recipes", twice)
+    with pytest.raises(ImageBuildError, match="two recipes"):
+        ic.catalog(_sources(tmp_path))
 
 
 def test_go_tool_recipes_wait_for_the_addon_stamp(tmp_path: Path) -> None:
@@ -470,7 +487,7 @@ sys.exit({exit_code})
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    monkeypatch.setattr(ic.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
     return tmp_path / "args.json"
 
 
@@ -509,7 +526,7 @@ def test_debian_layer_failure_leaves_nothing(
 
 
 def test_debian_layer_needs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ic.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(ImageBuildError, match="root"):
         ic.DebianLayer(("bash",)).build(tmp_path / "l.gz", tmp_path)
 

@@ -184,9 +184,8 @@ def test_objects_follow_kubernetes_naming_rules_and_have_paths() -> None:
         meta = obj["metadata"]
         kind = obj["kind"]
         # RBAC names may hold ':' (path segment names); the rest are DNS subdomains.
-        name = meta["name"] if kind.endswith(("Role", "Binding")) else meta["name"]
         if not kind.endswith(("Role", "Binding")):
-            assert _NAME.match(name), (kind, name)
+            assert _NAME.match(meta["name"]), (kind, meta["name"])
         for key, value in meta.get("labels", {}).items():
             assert len(value) <= 63 and _LABEL_VALUE.match(value), (kind, key, value)
             assert _LABEL_KEY.match(key), (kind, key)
@@ -250,7 +249,9 @@ def test_metrics_server_objects_match_its_manifest() -> None:
     ]  # fmt: skip
     role = _by(objs, "ClusterRole", "system:metrics-server")
     assert {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]} in role["rules"]
-    user = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:metrics-server"}]
+    user = [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:metrics-server"}
+    ]
     delegator = _by(objs, "ClusterRoleBinding", "metrics-server:system:auth-delegator")
     assert delegator["roleRef"]["name"] == "system:auth-delegator"
     assert delegator["subjects"] == user
@@ -357,7 +358,7 @@ def _cert(shell: MemShell, name: str) -> x509.Certificate:
 
 def test_front_proxy_pki_is_made_once_and_reissued_by_the_same_rules() -> None:
     shell = MemShell()
-    assert asyncio.run(stack.start_control_plane(shell, SPEC)) is True  # type: ignore[arg-type]
+    assert asyncio.run(stack.start_control_plane(shell, SPEC)) is True
     proxy_ca = _cert(shell, "front-proxy-ca")
     client = _cert(shell, "front-proxy-client")
     assert client.issuer == proxy_ca.subject
@@ -372,12 +373,12 @@ def test_front_proxy_pki_is_made_once_and_reissued_by_the_same_rules() -> None:
 
     # Again: nothing changes, nothing restarts.
     files = dict(shell.files)
-    assert asyncio.run(stack.start_control_plane(shell, SPEC)) is False  # type: ignore[arg-type]
+    assert asyncio.run(stack.start_control_plane(shell, SPEC)) is False
     assert shell.files == files and shell.stops == []
 
     # A lost front-proxy CA key: a new CA, its client re-issued, the apiserver restarted.
     del shell.files[cfg.pki_path("front-proxy-ca.key")]
-    assert asyncio.run(stack.start_control_plane(shell, SPEC)) is True  # type: ignore[arg-type]
+    assert asyncio.run(stack.start_control_plane(shell, SPEC)) is True
     assert _cert(shell, "front-proxy-ca").subject == proxy_ca.subject
     assert _cert(shell, "front-proxy-ca").public_key() != proxy_ca.public_key()
     assert _cert(shell, "front-proxy-client").issuer == proxy_ca.subject
@@ -387,15 +388,15 @@ def test_front_proxy_pki_is_made_once_and_reissued_by_the_same_rules() -> None:
 
 
 def _prepare(shell: MemShell, **which: bool) -> stack.AddonPlan:
-    ca = asyncio.run(stack.read_ca(shell))  # type: ignore[arg-type]
+    ca = asyncio.run(stack.read_ca(shell))
     assert ca is not None
     args = {"coredns": True, "metrics_server": True, **which}
-    return asyncio.run(stack.prepare_addons(shell, SPEC, ca, **args))  # type: ignore[arg-type]
+    return asyncio.run(stack.prepare_addons(shell, SPEC, ca, **args))
 
 
 def test_addon_files_are_made_once_and_restart_only_on_change() -> None:
     shell = MemShell()
-    asyncio.run(stack.start_control_plane(shell, SPEC))  # type: ignore[arg-type]
+    asyncio.run(stack.start_control_plane(shell, SPEC))
     plan = _prepare(shell)
     assert plan == stack.AddonPlan(True, True, restart_coredns=True, restart_metrics_server=True)
     assert pki.cert_subject(shell.files[cfg.pki_path("coredns.crt")]) == ("system:coredns", ())
@@ -423,7 +424,7 @@ def test_addon_files_are_made_once_and_restart_only_on_change() -> None:
 
     # An add-on not installed gets no files.
     fresh = MemShell()
-    asyncio.run(stack.start_control_plane(fresh, SPEC))  # type: ignore[arg-type]
+    asyncio.run(stack.start_control_plane(fresh, SPEC))
     assert _prepare(fresh, coredns=False, metrics_server=False) == stack.AddonPlan(False, False)
     assert addons.COREFILE not in fresh.files
     assert cfg.pki_path("metrics-server.crt") not in fresh.files
@@ -431,15 +432,14 @@ def test_addon_files_are_made_once_and_restart_only_on_change() -> None:
 
 def test_start_addons_registers_the_api_service_once_its_server_runs() -> None:
     shell = MemShell()
-    asyncio.run(stack.start_control_plane(shell, SPEC))  # type: ignore[arg-type]
+    asyncio.run(stack.start_control_plane(shell, SPEC))
     plan = _prepare(shell)
     api = RecordingAPI(shell)
     ca = shell.files[stack.CA_CERT]
 
     def start(plan: stack.AddonPlan, *, changed: bool = False) -> None:
-        asyncio.run(
-            stack.start_addons(shell, api, SPEC, BINS, plan, ca_pem=ca, changed=changed)  # type: ignore[arg-type]
-        )
+        fake: Any = api  # only apply() is used
+        asyncio.run(stack.start_addons(shell, fake, SPEC, BINS, plan, ca_pem=ca, changed=changed))
 
     start(plan)
     assert shell.running[addons.COREDNS] == addons.coredns_argv(BINS)

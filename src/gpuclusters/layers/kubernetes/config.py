@@ -11,7 +11,11 @@ changed. Choices, and why:
 * **One control-plane node per cluster** running etcd (plain HTTP on the
   node's loopback only: nothing else can reach it), kube-apiserver
   (``Node,RBAC``, NodeRestriction), kube-controller-manager and
-  kube-scheduler, without leader election (one replica each).
+  kube-scheduler, without leader election (one replica each), and the
+  add-ons CoreDNS and metrics-server (``addons``). The apiserver reaches
+  aggregated APIs and webhooks at their endpoints' addresses
+  (``--enable-aggregator-routing``: no kube-proxy runs there) as the front
+  proxy, with a CA of its own.
 * **Per-cluster PKI** (``pki``): a CA of the cluster's own, serving and
   client certificates per component, per-user client certificates.
 * **Nodes**: containerd with runc (cgroupfs driver), kubelet with its own

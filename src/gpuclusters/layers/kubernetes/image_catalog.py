@@ -51,6 +51,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -86,7 +87,8 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR_ENV = "GPUCLUSTERS_IMAGES_DEBIAN_MIRROR"
 DEBIAN_SECURITY_MIRROR_ENV = "GPUCLUSTERS_IMAGES_DEBIAN_SECURITY_MIRROR"
 # Files in the root filesystems get at most this mtime (mmdebstrap clamps to
-# $SOURCE_DATE_EPOCH), so the same packages give the same layer. Python's
+# $SOURCE_DATE_EPOCH), so the same packages give the same layer, unless a
+# package makes random files (the MPI image's SSH host keys). Python's
 # bytecode stays valid: with SOURCE_DATE_EPOCH set, the .pyc files compiled at
 # install time are hash-checked, not timestamp-checked (py_compile's default).
 SOURCE_DATE_EPOCH = 1704067200  # 2024-01-01T00:00:00Z
@@ -852,9 +854,17 @@ def default_recipes(src: Sources | None = None) -> list[ImageRecipe]:
     ]
 
 
+# Archive names are <name>_<tag>.tar, split at the first "_" by their readers
+# (server/registry_daemon.py): no "_" in a name; a tag as OCI allows.
+_NAME = re.compile(r"[a-z0-9]+(?:[.-][a-z0-9]+)*")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 def catalog(src: Sources | None = None) -> dict[str, ImageRecipe]:
     recipes: dict[str, ImageRecipe] = {}
     for recipe in default_recipes(src):
+        if not _NAME.fullmatch(recipe.name) or not _TAG.fullmatch(recipe.tag):
+            raise ImageBuildError(f"bad image name or tag: {recipe.name}:{recipe.tag}")
         if recipe.name in recipes:
             raise ImageBuildError(f"two recipes for {recipe.name}")
         recipes[recipe.name] = recipe
