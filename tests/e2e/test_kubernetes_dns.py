@@ -421,12 +421,13 @@ def test_a_joining_node_is_resolvable(cluster: Cluster, web: dict[str, Any]) -> 
 
     wait(f"{name} in DNS", resolved, timeout=60)
     print(f"{name} resolvable {time.monotonic() - start:.1f}s after its record")
-    # And it joins Kubernetes (before the module's cluster is deleted).
-    wait(
-        f"{name} registered",
-        lambda: kubectl(cluster.kubeconfig, "get", "node", name, check=False).returncode == 0,
-        timeout=120,
-    )
+
+    # And it joins: the cluster is ready again with three nodes.
+    def ready_with_three() -> bool:
+        got = json.loads(cli_ok(cluster.server, "clusters", "get", CLUSTER, "-o", "json"))
+        return got["status"] == "ready" and len(got["nodes"]) == 3
+
+    cluster.server.wait_for("the cluster ready with 3 nodes", ready_with_three, timeout=180)
 
 
 def test_server_restart_restarts_nothing(cluster: Cluster) -> None:

@@ -626,3 +626,58 @@ def test_cleanup_hook_on_a_root_filesystem(tmp_path: Path) -> None:
         assert (root / name).parent.is_dir(), name
     assert (root / "run/lock/.keep").exists() and (root / "etc/passwd").exists()
     assert not (root / "run/mount").exists()
+
+
+BUGGY_STD = """
+import re
+from enum import IntFlag
+
+class Std(IntFlag):
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = OUT | ERR
+
+    @classmethod
+    def from_str(cls, vm):
+        def to_std(v):
+            v = int(v)
+            for s in Std:
+                if s == v:
+                    return s
+            # return None -> should NEVER reach here since we regex check input
+
+        if re.match(r"^[0-3]$", vm):
+            return to_std(vm)
+        return {int(i): to_std(v) for i, v in (m.split(":") for m in vm.split(","))}
+"""
+
+
+def test_torch_std_fix(tmp_path: Path) -> None:
+    """The patch for torchrun's Std.from_str (Debian 12's PyTorch 1.13 on
+    Python 3.11) turns the lookup of every value into a hit, and is a no-op
+    on a fixed file."""
+    api = tmp_path / "api.py"
+    api.write_text(BUGGY_STD)
+    fix = ic.TORCH_STD_FIX.replace(repr(ic.TORCH_STD_FILE), repr(str(api)))
+    assert fix != ic.TORCH_STD_FIX
+
+    def load() -> Any:
+        scope: dict[str, Any] = {}
+        exec(compile(api.read_text(), str(api), "exec"), scope)
+        return scope["Std"]
+
+    assert load().from_str("0") is None  # Python 3.11's Flag iteration: the bug
+    exec(fix, {})
+    std = load()
+    assert std.from_str("0") is std.NONE
+    assert std.from_str("3") is std.ALL
+    assert std.from_str("0:3,1:0") == {0: std.ALL, 1: std.NONE}
+    patched = api.read_text()
+    exec(fix, {})
+    assert api.read_text() == patched
+    torch = ic.catalog(_sources(tmp_path))["torch"]
+    [layer] = torch.layers
+    assert isinstance(layer, ic.DebianLayer)
+    assert layer.hooks == (ic.TORCH_STD_FIX_HOOK,)
+    assert any("torchrun" in c and "nproc_per_node=2" in c for c in layer.checks)

@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import signal
+import subprocess
 import tarfile
 import tempfile
 import time
@@ -184,7 +185,7 @@ class RegistryDaemon:
         self.dir = settings.home / "registry"
         self.config_file = self.dir / CONFIG_FILE
         self.pid_file = self.dir / PID_FILE
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     # -- the process -----------------------------------------------------------
 
@@ -230,25 +231,27 @@ class RegistryDaemon:
             return
         if pid is not None:
             await self._terminate(pid)
-        log_file = (self.dir / LOG_FILE).open("ab")
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                str(self.settings.registry_bin),
-                "serve",
-                str(self.config_file),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                # Its own session: a Ctrl-C to the server's terminal does not
-                # reach it; the server stops it itself at shutdown.
-                start_new_session=True,
-            )
-        finally:
-            log_file.close()
+        proc = await asyncio.to_thread(self._spawn)
         replace_atomically(self.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
         self._proc = proc
         await self._wait_serving()
         log.info("image registry (pid %d) serving on %s", proc.pid, self.settings.registry_address)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with (self.dir / LOG_FILE).open("ab") as log_file:
+            # subprocess, not the event loop's: uvloop's spawn leaves the
+            # server's inheritable listening sockets open in the child, which
+            # would then hold the API's ports after a kill -9 of the server.
+            return subprocess.Popen(
+                [str(self.settings.registry_bin), "serve", str(self.config_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                close_fds=True,
+                # Its own session: a Ctrl-C to the server's terminal does not
+                # reach it; the server stops it itself at shutdown.
+                start_new_session=True,
+            )
 
     async def _wait_serving(self) -> None:
         url = f"https://127.0.0.1:{self.settings.registry_port}/v2/"
@@ -270,12 +273,12 @@ class RegistryDaemon:
             os.kill(pid, signal.SIGTERM)
         proc = self._proc
         if proc is not None and proc.pid == pid:
-            # Our own child: asyncio reaps it (else it would stay a zombie).
+            # Our own child: reaped here (else it would stay a zombie).
             try:
-                await asyncio.wait_for(proc.wait(), timeout=5.0)
-            except TimeoutError:
+                await asyncio.to_thread(proc.wait, 5.0)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                await proc.wait()
+                await asyncio.to_thread(proc.wait)
             return
         for _ in range(100):
             if not _alive(pid):

@@ -332,10 +332,11 @@ async def start_addons(
     changed: bool,
 ) -> None:
     """The add-ons' RBAC, Services and EndpointSlices, then the daemons, then
-    the metrics APIService (once metrics-server runs: an APIService without
-    its server fails API discovery for every client meanwhile). ``changed``:
-    the control plane's certificates changed (the front proxy's among
-    them), which metrics-server reads at start."""
+    the metrics APIService: registered only once metrics-server is started,
+    since an APIService whose server is absent fails every client's API
+    discovery (a binary missing at first would leave it so for good).
+    ``changed``: the control plane's certificates changed (the front proxy's
+    among them), which metrics-server reads at start."""
     objs = []
     if plan.coredns:
         objs += addons.coredns_manifests(spec)
