@@ -363,7 +363,7 @@ def test_a_busy_tls_port_is_a_clear_error(tmp_path: Path) -> None:
             handle.stop(signal.SIGKILL)
     assert handle.proc.returncode == 1, handle.log
     assert "error [unavailable]: cannot listen on 127.0.0.1:" in handle.log
-    assert "(TLS;" in handle.log
+    assert f"cannot listen on 127.0.0.1:{handle.tls_port} (the API over TLS;" in handle.log
     assert refuses(handle.port)
 
 

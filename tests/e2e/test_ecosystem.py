@@ -207,3 +207,166 @@ def test_torchrun_across_two_nodes_with_8_gpus_each(cluster: Cluster) -> None:
     finally:
         cluster.kubectl("delete", "job/train", "service/trainers", "configmap/train",
                         "--wait=true", "--timeout=60s")  # fmt: skip
+
+
+def _install(cluster: Cluster, tool: str) -> None:
+    """A tool's release manifest, images rewritten, applied as its docs say."""
+    from gpuclusters.layers.kubernetes import ecosystem
+
+    cluster.ok("apply", "--server-side", "-f", "-", stdin=ecosystem.render(tool), timeout=300)
+
+
+# -- MPI Operator ----------------------------------------------------------------
+
+# The upstream example (examples/v2beta1/pi/pi.yaml) with our image and a
+# program that says where each rank runs; workers ask for 8 GPUs each, so
+# they land on different nodes, and the launcher finds them through the
+# hostfile's DNS names (<job>-worker-<i>.<job>.<namespace>.svc).
+MPIJOB = """\
+apiVersion: kubeflow.org/v2beta1
+kind: MPIJob
+metadata: {name: ranks}
+spec:
+  slotsPerWorker: 1
+  runPolicy: {cleanPodPolicy: Running}
+  sshAuthMountPath: /home/mpiuser/.ssh
+  mpiReplicaSpecs:
+    Launcher:
+      replicas: 1
+      template:
+        spec:
+          containers:
+          - image: localhost/mpi:bookworm
+            name: mpi-launcher
+            securityContext: {runAsUser: 1000}
+            command: [mpirun]
+            args:
+            - -n
+            - "2"
+            - python3
+            - -c
+            - |
+              import os
+              from mpi4py import MPI
+              c = MPI.COMM_WORLD
+              total = c.allreduce(c.rank + 1)
+              print(f"rank {c.rank}/{c.size} on {MPI.Get_processor_name()} "
+                    f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} sum={total}", flush=True)
+    Worker:
+      replicas: 2
+      template:
+        spec:
+          containers:
+          - image: localhost/mpi:bookworm
+            name: mpi-worker
+            securityContext: {runAsUser: 1000}
+            command: [/usr/sbin/sshd]
+            args: [-De, -f, /home/mpiuser/.sshd_config]
+            resources:
+              limits: {nvidia.com/gpu: 8}
+"""
+
+
+def test_mpijob_across_two_nodes_prints_both_ranks(cluster: Cluster) -> None:
+    _install(cluster, "mpi-operator")
+    cluster.ok("-n", "mpi-operator", "wait", "deployment/mpi-operator", "--for=condition=Available",
+               "--timeout=180s", timeout=200)  # fmt: skip
+    # The CRD is established before the operator is Available; the job now.
+    cluster.ok("apply", "-f", "-", stdin=MPIJOB)
+    try:
+        done = cluster.kubectl("wait", "--for=condition=Succeeded", "mpijob/ranks",
+                               "--timeout=300s", timeout=320)  # fmt: skip
+        logs = cluster.kubectl("logs", "-l", "training.kubeflow.org/job-role=launcher",
+                               "--tail=-1").stdout  # fmt: skip
+        if done.returncode != 0:
+            pytest.fail(f"mpijob ranks: {done.stderr}\n{logs}\n{cluster.describe('pods')}")
+        lines = sorted(line for line in logs.splitlines() if line.startswith("rank "))
+        assert len(lines) == 2, logs
+        role = "training.kubeflow.org/job-role=worker"
+        workers = json.loads(cluster.ok("get", "pods", "-l", role, "-o", "json"))
+        hosts = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in workers["items"]}
+        assert len(set(hosts.values())) == 2, hosts
+        for rank, line in enumerate(lines):
+            assert line.startswith(f"rank {rank}/2 on ranks-worker-"), line
+            assert "gpus=0,1,2,3,4,5,6,7" in line, line
+            assert line.endswith("sum=3"), line
+        assert {line.split()[3] for line in lines} == set(hosts), (lines, hosts)
+    finally:
+        cluster.kubectl("delete", "mpijob/ranks", "--wait=true", "--timeout=60s")
+
+
+# -- Volcano ----------------------------------------------------------------------
+
+VCJOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {{name: {name}}}
+spec:
+  minAvailable: {tasks}
+  schedulerName: volcano
+  queue: default
+  tasks:
+  - replicas: {tasks}
+    name: worker
+    template:
+      spec:
+        restartPolicy: Never
+        containers:
+        - name: main
+          image: localhost/gpuclusters-base:latest
+          command:
+          - sh
+          - -c
+          - 'echo "task $VC_TASK_INDEX on $(hostname) gpus=$CUDA_VISIBLE_DEVICES"; sleep {sleep}'
+          resources:
+            limits: {{nvidia.com/gpu: 8}}
+"""
+
+
+def test_volcano_gang_schedules_two_8_gpu_tasks(cluster: Cluster) -> None:
+    _install(cluster, "volcano")
+    for deployment in ("volcano-scheduler", "volcano-controllers", "volcano-admission"):
+        cluster.ok("-n", "volcano-system", "wait", f"deployment/{deployment}",
+                   "--for=condition=Available", "--timeout=240s", timeout=260)  # fmt: skip
+    # A gang of 3 x 8 GPUs cannot fit 16: none of its pods may start (a
+    # scheduler placing pods one by one would start two and leave them idle).
+    # A gang of 2 fits: both run, on the two nodes, and complete.
+    big = VCJOB.format(name="too-big", tasks=3, sleep=600)
+    fits = VCJOB.format(name="pair", tasks=2, sleep=2)
+    try:
+        cluster.ok("apply", "-f", "-", stdin=big)
+
+        def big_group_judged() -> bool:
+            groups = json.loads(cluster.ok("get", "podgroups", "-o", "json"))["items"]
+            return any(
+                g["metadata"]["name"].startswith("too-big")
+                and g.get("status", {}).get("phase") in ("Pending", "Inqueue")
+                for g in groups
+            )
+
+        _wait("the 3-task gang's PodGroup to be judged", big_group_judged)
+        cluster.ok("apply", "-f", "-", stdin=fits)
+        done = cluster.kubectl("wait", "--for=jsonpath={.status.state.phase}=Completed",
+                               "vcjob/pair", "--timeout=240s", timeout=260)  # fmt: skip
+        logs = cluster.kubectl("logs", "-l", "volcano.sh/job-name=pair", "--tail=-1").stdout
+        if done.returncode != 0:
+            pytest.fail(f"vcjob pair: {done.stderr}\n{logs}\n{cluster.describe('pods')}")
+        lines = sorted(line for line in logs.splitlines() if line.startswith("task "))
+        assert len(lines) == 2, logs
+        assert all("gpus=0,1,2,3,4,5,6,7" in line for line in lines), lines
+        pods = json.loads(cluster.ok("get", "pods", "-l", "volcano.sh/job-name=pair", "-o", "json"))
+        assert len({p["spec"]["nodeName"] for p in pods["items"]}) == 2
+        # All along, the gang that cannot fit stayed whole and unplaced: its
+        # PodGroup never ran, and not one of its pods (Volcano makes them
+        # only once the group is enqueued) was bound to a node.
+        groups = json.loads(cluster.ok("get", "podgroups", "-o", "json"))["items"]
+        phases = {g["metadata"]["name"]: g.get("status", {}).get("phase") for g in groups}
+        big_phase = [v for k, v in phases.items() if k.startswith("too-big")]
+        assert big_phase and big_phase[0] in ("Pending", "Inqueue"), phases
+        big_pods = json.loads(cluster.ok("get", "pods", "-l", "volcano.sh/job-name=too-big",
+                                         "-o", "json"))["items"]  # fmt: skip
+        assert all(not p["spec"].get("nodeName") for p in big_pods), [
+            (p["metadata"]["name"], p["spec"].get("nodeName")) for p in big_pods
+        ]
+    finally:
+        cluster.kubectl("delete", "vcjob/too-big", "vcjob/pair", "--wait=true", "--timeout=60s")

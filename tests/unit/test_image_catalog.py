@@ -329,9 +329,9 @@ def test_catalog_entries_match_the_upstream_images(tmp_path: Path) -> None:
         # name: (tag, entrypoint, user)
         "kueue": ("v0.17.0", ["/manager"], "65532:65532"),
         "mpi-operator": ("v0.8.0", ["/opt/mpi-operator"], None),
-        "vc-scheduler": ("v1.15.0", ["/vc-scheduler"], None),
-        "vc-controller-manager": ("v1.15.0", ["/vc-controller-manager"], None),
-        "vc-webhook-manager": ("v1.15.0", ["/vc-webhook-manager"], None),
+        "vc-scheduler": ("v1.14.1", ["/vc-scheduler"], None),
+        "vc-controller-manager": ("v1.14.1", ["/vc-controller-manager"], None),
+        "vc-webhook-manager": ("v1.14.1", ["/vc-webhook-manager"], None),
         "pause": (f"v{K8S_VERSION}", ["/pause"], "65535:65535"),
     }
     for name, (tag, entrypoint, user) in expected.items():
@@ -375,6 +375,18 @@ def test_catalog_entries_match_the_upstream_images(tmp_path: Path) -> None:
     assert isinstance(torch_layer, ic.DebianLayer)
     assert "python3-torch" in torch_layer.packages
     assert any("is_gloo_available" in c for c in torch_layer.checks)
+    # SkyPilot's pod: its bootstrap finds every tool it would apt-get,
+    # curl or pip install (so nothing is fetched at launch), runs as root.
+    sky = recipes["skypilot"]
+    [sky_layer] = sky.layers
+    assert isinstance(sky_layer, ic.DebianLayer)
+    assert {"rsync", "curl", "wget", "netcat-openbsd", "gcc", "patch", "pciutils",
+            "openssh-server", "sudo", "procps"} <= set(sky_layer.packages)  # fmt: skip
+    config = sky.image_config()
+    assert config.get("User") is None and config["WorkingDir"] == "/root"
+    assert {"HOME=/root", "UV_OFFLINE=1"} <= set(config["Env"])
+    assert any("skypilot[kubernetes,remote]==" in h and "--no-index" in h for h in sky_layer.hooks)
+    assert any("import sky, ray" in c for c in sky_layer.checks)
 
 
 def test_catalog_rejects_bad_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -415,7 +427,7 @@ def test_webhook_script_from_the_module_cache(tmp_path: Path) -> None:
     assert isinstance(script, ic.HostFile)
     path = (
         src.gomodcache
-        / "volcano.sh/volcano@v1.15.0/installer/dockerfile/webhook-manager/gen-admission-secret.sh"
+        / "volcano.sh/volcano@v1.14.1/installer/dockerfile/webhook-manager/gen-admission-secret.sh"
     )
     path.parent.mkdir(parents=True)
     path.write_text("#!/bin/sh\n")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.layers.base import RegistryRef
 from gpuclusters.layers.kubernetes import config as cfg
 
@@ -193,6 +194,19 @@ def test_node_labels_with_and_without_island() -> None:
         cfg.LABEL_GPU_TYPE: "g",
         cfg.LABEL_GPU_PRODUCT: "g",
     }
+
+
+def test_node_labels_name_the_gpu_as_skypilot_does() -> None:
+    # SkyPilot wants lowercase names its `--gpus H100:8` matches.
+    assert cfg.node_labels(compute_class="c", gpu_type="H100_SXM", ib_island=None)[
+        cfg.LABEL_SKYPILOT_ACCELERATOR
+    ] == "h100"
+    assert cfg.node_labels(compute_class="c", gpu_type="A100_SXM", ib_island=None)[
+        cfg.LABEL_SKYPILOT_ACCELERATOR
+    ] == "a100-80gb"
+    for spec in GPU_TYPES.values():
+        name = spec.skypilot_accelerator
+        assert name == name.lower() and name.split("-")[0].upper() in spec.name, spec
 
 
 # --- cluster objects --------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.layers.base import RegistryRef
 
 K8S_VERSION = "1.34.4"
@@ -59,6 +60,9 @@ LABEL_COMPUTE_CLASS = "gpuclusters.io/compute-class"
 LABEL_GPU_TYPE = "gpuclusters.io/gpu-type"
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 LABEL_IB_ISLAND = "gpuclusters.io/ib-island"
+# SkyPilot reads GPU types from this label first (its GFD formatter would
+# read `H100_SXM` off nvidia.com/gpu.product as a type no request matches).
+LABEL_SKYPILOT_ACCELERATOR = "skypilot.co/accelerator"
 # Our cordons carry this annotation; a cordon without it is a user's.
 CORDON_ANNOTATION = "gpuclusters.io/cordoned-by"
 
@@ -167,6 +171,9 @@ def node_labels(*, compute_class: str, gpu_type: str, ib_island: str | None) -> 
     }
     if ib_island:
         labels[LABEL_IB_ISLAND] = ib_island
+    spec = GPU_TYPES.get(gpu_type)
+    if spec is not None:
+        labels[LABEL_SKYPILOT_ACCELERATOR] = spec.skypilot_accelerator
     return labels
 
 

@@ -66,11 +66,11 @@ TOOLS = {
         ),
         Tool(
             "volcano",
-            "v1.15.0",
+            "v1.14.1",
             "volcano",
             "installer/volcano-development.yaml",
             {
-                f"docker.io/volcanosh/{n}:": f"{n}:v1.15.0"
+                f"docker.io/volcanosh/{n}:": f"{n}:v1.14.1"
                 for n in ("vc-webhook-manager", "vc-controller-manager", "vc-scheduler")
             },
         ),

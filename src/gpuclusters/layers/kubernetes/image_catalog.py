@@ -95,7 +95,17 @@ SOURCE_DATE_EPOCH = 1704067200  # 2024-01-01T00:00:00Z
 
 KUEUE_VERSION = "v0.17.0"
 MPI_OPERATOR_VERSION = "v0.8.0"
-VOLCANO_VERSION = "v1.15.0"
+VOLCANO_VERSION = "v1.14.1"
+# SkyPilot's pod runtime: the laptops' SkyPilot release (the newest on PyPI)
+# and the Ray its sky/skylet/constants.py pins; docs/ecosystem/skypilot.md.
+SKYPILOT_VERSION = "0.14.1"
+SKYPILOT_RUNTIME = (
+    f"skypilot[kubernetes,remote]=={SKYPILOT_VERSION}",
+    "ray[default]==2.9.3",
+    "pydantic-core==2.41.1",
+    "click<8.3.0",
+    "setuptools<70",
+)
 
 
 def say(message: str) -> None:
@@ -393,7 +403,9 @@ class DebianLayer:
             raise ImageBuildError("Debian images are built as root (mmdebstrap's root mode)")
         if shutil.which("mmdebstrap") is None:
             raise MissingInputError("mmdebstrap is not installed (apt-get install mmdebstrap)")
-        env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH))
+        # HOST_PYTHON: this interpreter, for hooks that build wheels on the
+        # host (its path is not an input: the hooks name the variable).
+        env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), HOST_PYTHON=sys.executable)
         # mmdebstrap's progress goes to our stderr; its stdout is the tar.
         proc = subprocess.Popen(self.command(work), stdout=subprocess.PIPE, env=env)
         assert proc.stdout is not None
@@ -694,6 +706,31 @@ TORCH_STD_FIX_HOOK = (
 )
 
 
+# SkyPilot's pod bootstrap installs, unless already there, eight tools with
+# apt, uv with curl from astral.sh, a venv ~/skypilot-runtime with Ray and
+# SkyPilot from PyPI: all of it is put in the image, so a launch fetches
+# nothing. The wheels are built on this machine (the pip of the Python that
+# runs this build, $HOST_PYTHON: a CPython 3.11 like Debian's) into the root
+# filesystem, installed from there with no index, and removed; uv is the
+# binary of its wheel.
+_SKY_WHEELS = "/opt/skypilot-wheels"
+_SKY_REQS = " ".join(shlex.quote(r) for r in SKYPILOT_RUNTIME)
+SKYPILOT_HOOKS = (
+    f'mkdir -p "$1{_SKY_WHEELS}" "$1/root/.local/bin"'
+    f' && "$HOST_PYTHON" -m pip wheel -q --disable-pip-version-check -w "$1{_SKY_WHEELS}"'
+    f" {_SKY_REQS} pip wheel uv==0.13.9",
+    f'd=$(mktemp -d) && "$HOST_PYTHON" -m zipfile -e "$1{_SKY_WHEELS}"/uv-*.whl "$d"'
+    ' && install -m 0755 "$d"/uv-*.data/scripts/uv "$d"/uv-*.data/scripts/uvx "$1/root/.local/bin/"'
+    ' && rm -rf "$d"',
+    f'chroot "$1" env HOME=/root /root/.local/bin/uv venv -q --seed --no-index'
+    f" --find-links {_SKY_WHEELS} --python /usr/bin/python3 /root/skypilot-runtime",
+    f'chroot "$1" env HOME=/root VIRTUAL_ENV=/root/skypilot-runtime UV_LINK_MODE=copy'
+    f" /root/.local/bin/uv pip install -q --no-index --find-links {_SKY_WHEELS} {_SKY_REQS}",
+    # The bootstrap makes its own host keys (ssh-keygen -A) and caches nothing.
+    f'rm -rf "$1{_SKY_WHEELS}" "$1/root/.cache" "$1"/etc/ssh/ssh_host_*',
+)
+
+
 def default_recipes(src: Sources | None = None) -> list[ImageRecipe]:
     """Every system image. The Go tools' images mirror the upstream
     Dockerfiles (path, entrypoint, user); the upstream manifests name the
@@ -881,6 +918,45 @@ def default_recipes(src: Sources | None = None) -> list[ImageRecipe]:
             ),
             cmd=("python3",),
             summary="PyTorch 1.13 (CPU, gloo) from Debian 12, with torchrun",
+        ),
+        debian_image(
+            "skypilot",
+            SKYPILOT_VERSION,
+            (
+                # the bootstrap's check: rsync curl wget nc gcc patch lspci sshd
+                "rsync",
+                "curl",
+                "wget",
+                "netcat-openbsd",
+                "gcc",
+                "libc6-dev",
+                "patch",
+                "pciutils",
+                "openssh-server",
+                "openssh-client",
+                # what its scripts run besides: pgrep, sudo (even as root), awk
+                "python3",
+                "procps",
+                "sudo",
+                "mawk",
+                "hostname",
+                "ca-certificates",
+            ),
+            hooks=SKYPILOT_HOOKS,
+            checks=(
+                "for t in rsync curl wget nc gcc patch lspci sshd sudo pgrep; do"
+                ' command -v $t >/dev/null || { echo "missing $t"; exit 1; }; done',
+                "HOME=/root /root/.local/bin/uv -V >/dev/null",
+                "/root/skypilot-runtime/bin/python -c 'import sky, ray;"
+                f' assert sky.__version__ == "{SKYPILOT_VERSION}", sky.__version__;'
+                ' assert ray.__version__ == "2.9.3", ray.__version__\'',
+            ),
+            workdir="/root",
+            cmd=(),
+            # UV_OFFLINE: the wheel the laptop syncs installs from what the
+            # venv holds (uv has no variable for --no-index).
+            env=(PATH_ENV, "HOME=/root", "LANG=C.UTF-8", "UV_OFFLINE=1"),
+            summary=f"SkyPilot {SKYPILOT_VERSION} pod runtime (Ray 2.9.3, uv) on Debian 12",
         ),
     ]
 
