@@ -1,6 +1,6 @@
 """The tools the product names, unchanged, on a real cluster of the embedded
 fleet (docs/ecosystem/*.md): a distributed PyTorch job (torchrun, gloo,
-rendezvous through a headless Service name) across two 8-GPU pods in an
+rendezvous at a headless Service name) across two 8-GPU pods in an
 image the test pushes as a user would, the MPI Operator's MPIJob across
 two nodes, and Volcano's gang-scheduled vcjob. Each tool is installed
 from its own release manifest with only image references rewritten
@@ -154,14 +154,18 @@ spec:
       - name: trainer
         image: {image}
         # torchrun of PyTorch 1.13 (Debian's) spells its options with '_'.
+        # Static rendezvous, as Kubeflow's PyTorchJob does: node 0 hosts the
+        # store, node 1 finds it by the headless Service name. (The c10d
+        # backend would host it only on a node whose own name equals the
+        # endpoint's host: "train-0.trainers" is neither the pod's hostname
+        # nor its FQDN, so no node would.)
         command:
         - torchrun
         - --nnodes=2
         - --nproc_per_node=1
         - --node_rank=$(JOB_COMPLETION_INDEX)
-        - --rdzv_backend=c10d
-        - --rdzv_endpoint=train-0.trainers:29500
-        - --rdzv_id=train
+        - --master_addr=train-0.trainers
+        - --master_port=29500
         - /train/train.py
         resources:
           limits: {{nvidia.com/gpu: 8}}

@@ -3,6 +3,7 @@ host certificates, the access sync's digest, SSH key parsing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -105,10 +106,15 @@ def test_sshd_accepts_the_rendered_config(tmp_path: Path) -> None:
     key = tmp_path / "host_key"
     key.write_text(pair.private_openssh)
     key.chmod(0o600)
-    conf = sshd.sshd_config("127.0.0.1").replace(sshd.HOST_KEY, str(key))
-    conf = conf.replace(f"HostCertificate {sshd.HOST_CERT}\n", "")
+    # The certificate's line first: its path starts with the key's.
+    conf = sshd.sshd_config("127.0.0.1").replace(f"HostCertificate {sshd.HOST_CERT}\n", "")
+    conf = conf.replace(sshd.HOST_KEY, str(key))
     path = tmp_path / "sshd_config"
     path.write_text(conf)
+    # sshd -t insists on its privilege separation directory, which only the
+    # system's ssh service makes (nodes make their own): a fresh machine has none.
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     done = subprocess.run([sshd.SSHD_BIN, "-t", "-f", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

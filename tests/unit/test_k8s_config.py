@@ -198,12 +198,12 @@ def test_node_labels_with_and_without_island() -> None:
 
 def test_node_labels_name_the_gpu_as_skypilot_does() -> None:
     # SkyPilot wants lowercase names its `--gpus H100:8` matches.
-    assert cfg.node_labels(compute_class="c", gpu_type="H100_SXM", ib_island=None)[
-        cfg.LABEL_SKYPILOT_ACCELERATOR
-    ] == "h100"
-    assert cfg.node_labels(compute_class="c", gpu_type="A100_SXM", ib_island=None)[
-        cfg.LABEL_SKYPILOT_ACCELERATOR
-    ] == "a100-80gb"
+    def label(gpu_type: str) -> str:
+        labels = cfg.node_labels(compute_class="c", gpu_type=gpu_type, ib_island=None)
+        return labels[cfg.LABEL_SKYPILOT_ACCELERATOR]
+
+    assert label("H100_SXM") == "h100"
+    assert label("A100_SXM") == "a100-80gb"
     for spec in GPU_TYPES.values():
         name = spec.skypilot_accelerator
         assert name == name.lower() and name.split("-")[0].upper() in spec.name, spec
