@@ -473,7 +473,8 @@ def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
         assert sorted(found[1].split(","), key=int) == [str(i) for i in range(8)], found[0]
         assert "SUCCEEDED" in out, out
         pods = json.loads(world.kubectl("get", "pods", "-o", "json").stdout)["items"]
-        sky_pods = [p for p in pods if p["metadata"].get("labels", {}).get("skypilot-cluster")]
+        # SkyPilot names what it makes after the cluster: <name>-<hash>-head.
+        sky_pods = [p for p in pods if p["metadata"]["name"].startswith("gpc-")]
         assert sky_pods, [p["metadata"]["name"] for p in pods]
         assert all(p["spec"]["containers"][0]["image"] == f"localhost/skypilot:{SKYPILOT_VERSION}"
                    for p in sky_pods)  # fmt: skip
