@@ -400,26 +400,43 @@ def test_kueue_queues_a_second_gpu_job_behind_the_first(world: World) -> None:
 SKY_CLIENT = Path("/var/cache/gpuclusters/skypilot-client")
 
 
-def _skypilot_client() -> Path:
-    """SkyPilot's CLI (the release the pod image carries) in a virtual
-    environment the laptop's user can run: built once from PyPI on this
-    machine (the laptop reaches no index) with Debian's Python, cached."""
+def _skypilot_wheels() -> Path:
+    """SkyPilot's CLI and its dependencies as wheels (the release the pod
+    image carries), plus setuptools and wheel: fetched once from PyPI on
+    this machine (the laptop reaches no index) and cached."""
     from gpuclusters.layers.kubernetes.image_catalog import SKYPILOT_VERSION
 
-    venv = SKY_CLIENT / SKYPILOT_VERSION
-    done = venv / ".complete"  # written last: a venv without it is half-made
+    wheels = SKY_CLIENT / f"wheels-{SKYPILOT_VERSION}"
+    done = wheels / ".complete"  # written last: a directory without it is half-made
     if done.exists():
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
+        return wheels
+    shutil.rmtree(wheels, ignore_errors=True)
+    subprocess.run(
+        [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "pip", "wheel", "-q",
+         "--disable-pip-version-check", "-w", str(wheels),
+         f"skypilot[kubernetes]=={SKYPILOT_VERSION}", "setuptools", "wheel"],
+        check=True, timeout=900,
+    )  # fmt: skip
+    done.touch()
+    return wheels
+
+
+def _skypilot_client(laptop: Laptop) -> Path:
+    """The user's own virtual environment with SkyPilot's CLI (Debian's
+    Python), installed from the wheels with no index, owned by the user:
+    SkyPilot changes modes of its own files at run time."""
+    from gpuclusters.layers.kubernetes.image_catalog import SKYPILOT_VERSION
+
+    wheels = _skypilot_wheels()
+    venv = laptop.home / "sky"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run(
         [str(PROJECT_ROOT / ".venv" / "bin" / "python"), "-m", "pip", "--python",
          str(venv / "bin" / "python"), "install", "-q", "--disable-pip-version-check",
-         f"skypilot[kubernetes]=={SKYPILOT_VERSION}"],
-        check=True, timeout=900,
+         "--no-index", "--find-links", str(wheels), f"skypilot[kubernetes]=={SKYPILOT_VERSION}"],
+        check=True, timeout=600,
     )  # fmt: skip
-    done.touch()
+    subprocess.run(["chown", "-R", f"{laptop.user}:{laptop.user}", str(venv)], check=True)
     return venv
 
 
@@ -445,10 +462,15 @@ CSV
 def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
     from gpuclusters.layers.kubernetes.image_catalog import SKYPILOT_VERSION
 
-    venv = _skypilot_client()
+    venv = _skypilot_client(world.laptop)
     env = {
         "PATH": f"{venv}/bin:{world.laptop.venv}/bin:/usr/local/bin:/usr/bin:/bin",
         "SKYPILOT_DISABLE_USAGE_COLLECTION": "1",
+        "PIP_NO_INDEX": "1",
+        # SkyPilot builds a wheel of itself at every launch (it ships it to
+        # the pod); pip's isolated build wants setuptools from an index. An
+        # offline laptop points pip at wheels it has (docs/ecosystem/skypilot.md).
+        "PIP_FIND_LINKS": str(_skypilot_wheels()),
     }
 
     def sky(*args: str, timeout: float = 300) -> Any:
