@@ -461,10 +461,14 @@ class ImageRecipe:
     workdir: str = "/"
     env: tuple[str, ...] = (PATH_ENV,)
     summary: str = ""
+    # Where the image's name lives: the project's system images are
+    # gpuclusters.io/NAME; other sets keep their upstream names (the
+    # conformance images, registry.k8s.io/e2e-test-images/NAME).
+    prefix: str = REPOSITORY_PREFIX
 
     @property
     def repository(self) -> str:
-        return f"{REPOSITORY_PREFIX}/{self.name}"
+        return f"{self.prefix}/{self.name}"
 
     @property
     def ref(self) -> str:
@@ -1112,27 +1116,34 @@ def _mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
-def _select(recipes: dict[str, ImageRecipe], names: Sequence[str]) -> list[ImageRecipe]:
+def _select(recipes: Sequence[ImageRecipe], names: Sequence[str]) -> list[ImageRecipe]:
+    """The recipes ``names`` pick: a name (every tag of it), name:tag, or the
+    full reference; all of them when none is given."""
     if not names:
-        return list(recipes.values())
-    chosen = []
+        return list(recipes)
+    chosen: list[ImageRecipe] = []
     for name in names:
-        # name, name:tag, or the full reference
-        base = name.removeprefix(REPOSITORY_PREFIX + "/").split(":", 1)
-        recipe = recipes.get(base[0])
-        if recipe is None or (len(base) == 2 and base[1] != recipe.tag):
-            known = ", ".join(f"{r.name}:{r.tag}" for r in recipes.values())
+        picked = [r for r in recipes if name in (r.name, f"{r.name}:{r.tag}", r.repository, r.ref)]
+        if not picked:
+            known = ", ".join(f"{r.name}:{r.tag}" for r in recipes)
             raise SystemExit(f"image_catalog: unknown image {name!r} (known: {known})")
-        chosen.append(recipe)
+        chosen.extend(r for r in picked if r not in chosen)
     return chosen
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpuclusters.layers.kubernetes.image_catalog",
-        description="Build and list the system container images (OCI archives).",
-    )
-    parser.add_argument("--cache", type=Path, help=f"archive directory (${CACHE_ENV})")
+def run_cli(
+    argv: Sequence[str] | None,
+    recipes: Callable[[], Sequence[ImageRecipe]],
+    *,
+    prog: str,
+    description: str,
+    default_cache: Callable[[], Path],
+    cache_help: str,
+) -> int:
+    """``build | list | check`` over a set of recipes (the system images
+    here, the conformance images in ``conformance_images``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--cache", type=Path, help=f"archive directory ({cache_help})")
     sub = parser.add_subparsers(dest="command", required=True)
     p_build = sub.add_parser("build", help="build images that are missing or stale")
     p_build.add_argument("names", nargs="*", metavar="NAME")
@@ -1143,11 +1154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_check.add_argument("names", nargs="*", metavar="NAME")
     args = parser.parse_args(argv)
 
-    cache: Path = args.cache or cache_dir()
-    recipes = catalog()
+    cache: Path = args.cache or default_cache()
+    all_recipes = list(recipes())
 
     if args.command == "list":
-        states = [state(r, cache) for r in recipes.values()]
+        states = [state(r, cache) for r in all_recipes]
         if args.output == "json":
             print(json.dumps([s.as_json() for s in states], indent=1))
         else:
@@ -1159,7 +1170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         stale = [
             s
-            for s in (state(r, cache) for r in _select(recipes, args.names))
+            for s in (state(r, cache) for r in _select(all_recipes, args.names))
             if s.status != "up-to-date"
         ]
         for s in stale:
@@ -1168,7 +1179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     failed: list[str] = []
     with _locked(cache):
-        for recipe in _select(recipes, args.names):
+        for recipe in _select(all_recipes, args.names):
             try:
                 result = build_image(recipe, cache, force=args.force)
             except ImageBuildError as exc:
@@ -1181,6 +1192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"failed: {', '.join(failed)}")
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(
+        argv,
+        lambda: list(catalog().values()),
+        prog="python -m gpuclusters.layers.kubernetes.image_catalog",
+        description="Build and list the system container images (OCI archives).",
+        default_cache=cache_dir,
+        cache_help=f"${CACHE_ENV}",
+    )
 
 
 if __name__ == "__main__":
