@@ -285,6 +285,27 @@ def pod_egress_rule(node: K8sNode) -> list[str]:
     return ["-s", node.pod_cidr, "!", "-d", str(CLUSTER_CIDR), "-j", "MASQUERADE"]
 
 
+def service_cidr_reject_rules() -> list[tuple[str, list[str]]]:
+    """``filter`` rules (chain, rule) that refuse traffic to a Service
+    address kube-proxy has no rule for: a port a Service does not have, or
+    an address no Service holds. kube-proxy rewrites the destination of
+    every Service port it knows before these chains (nat PREROUTING and
+    OUTPUT), so only the unknown still point into the Service range here.
+    Without them such packets follow the default route out of the node and
+    the host (the operator's network, or a proxy there that accepts any
+    connection), where a client would see a connection it should not;
+    with them it is refused at once (TCP reset, ICMP port unreachable), as
+    kube-proxy's own rules refuse a Service without endpoints. Conformance
+    checks it: a Service's removed port must stop answering."""
+    rules: list[tuple[str, list[str]]] = []
+    for chain in ("FORWARD", "OUTPUT"):
+        to_services = ["-d", str(SERVICE_CIDR)]
+        reset = ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]
+        rules.append((chain, [*to_services, *reset]))
+        rules.append((chain, [*to_services, "-j", "REJECT"]))
+    return rules
+
+
 def cni_conflist(node: K8sNode) -> str:
     conf = {
         "cniVersion": "0.4.0",

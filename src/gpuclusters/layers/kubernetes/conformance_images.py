@@ -19,8 +19,12 @@ What each image must be, from the suite's use of it (the Dockerfiles under
   same tools come from Debian 12 here.
 * **jessie-dnsutils**: ``dig`` and friends on Debian (the DNS tests' second
   prober); upstream is Debian 8, this is Debian 12.
-* **busybox**: Debian's static busybox with every applet linked, the layer
-  of the project's own base image.
+* **busybox**: upstream BusyBox 1.37.0 (static, defconfig; built by
+  scripts/build-conformance) with every applet linked, as the base image's
+  layer is made. Not Debian's busybox-static: Debian reverts upstream's ash
+  change that passes environment variables whose names are not shell names
+  (``data-1``) on to children, which the envFrom-prefix specs check. The
+  other busybox-based images here use the same binary.
 * **httpd** / **httpd-new**: upstream is Apache on Alpine serving
   ``/usr/local/apache2/htdocs`` on port 80 from ``httpd-foreground``; the
   tests probe ``/index.html`` and move it away with ``mv`` to fail the probe.
@@ -104,15 +108,14 @@ def _k8s_source(src: Sources, path: str, dest: str, mode: int = 0o644) -> HostFi
     return HostFile(dest, (module / path,), mode=mode, hint="run scripts/build-k8s")
 
 
-def _busybox() -> BuiltLayer:
-    return BuiltLayer(
-        "base",
-        images.base_layer,
-        (HostFile("/bin/busybox", (images.BUSYBOX,), hint="install busybox-static"),),
-    )
+def _busybox(root: Path) -> BuiltLayer:
+    """The base image's layer (every applet linked into /bin) with
+    upstream's BusyBox, as the upstream image has."""
+    return BuiltLayer("base", images.base_layer, (_test_binary(root, "busybox", "/bin/busybox"),))
 
 
 def _on_busybox(
+    root: Path,
     name: str,
     tag: str,
     files: Sequence[HostFile | InlineFile] = (),
@@ -125,7 +128,7 @@ def _on_busybox(
     workdir: str = "/",
     summary: str = "",
 ) -> ImageRecipe:
-    layers: list[Layer] = [_busybox()]
+    layers: list[Layer] = [_busybox(root)]
     if files or dirs:
         layers.append(FilesLayer(files=tuple(files), dirs=tuple(dirs)))
     return ImageRecipe(
@@ -142,18 +145,19 @@ def _on_busybox(
 
 
 def _web_server(
-    name: str, tag: str, command: str, root: str, index: HostFile | InlineFile
+    root: Path, name: str, tag: str, command: str, docroot: str, index: HostFile | InlineFile
 ) -> ImageRecipe:
-    """httpd and nginx stand-ins: busybox httpd serving ``root`` on :80,
+    """httpd and nginx stand-ins: busybox httpd serving ``docroot`` on :80,
     started by a command of the upstream image's name."""
-    script = f"#!/bin/sh\n# {name} stand-in: busybox httpd\nexec httpd -f -p 80 -h {root}\n"
+    script = f"#!/bin/sh\n# {name} stand-in: busybox httpd\nexec httpd -f -p 80 -h {docroot}\n"
     return _on_busybox(
+        root,
         name,
         tag,
         (InlineFile(command, script.encode(), 0o755), index),
         cmd=(Path(command).name, *(("-g", "daemon off;") if name == "nginx" else ())),
-        workdir=str(Path(root).parent) if name == "httpd" else "/",
-        summary=f"{name} stand-in (busybox httpd serving {root} on port 80)",
+        workdir=str(Path(docroot).parent) if name == "httpd" else "/",
+        summary=f"{name} stand-in (busybox httpd serving {docroot} on port 80)",
     )
 
 
@@ -208,8 +212,9 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
             prefix=E2E_REGISTRY,
             summary="dnsutils on Debian 12",
         ),
-        _on_busybox("busybox", "1.37.0-1", summary="busybox (Debian's busybox-static)"),
+        _on_busybox(root, "busybox", "1.37.0-1", summary="busybox (upstream 1.37.0, static)"),
         _web_server(
+            root,
             "httpd",
             "2.4.38-4",
             "/usr/local/bin/httpd-foreground",
@@ -219,6 +224,7 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
             ),
         ),
         _web_server(
+            root,
             "httpd",
             "2.4.39-4",
             "/usr/local/bin/httpd-foreground",
@@ -231,6 +237,7 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
     for tag in ("1.14-4", "1.15-4"):
         recipes.append(
             _web_server(
+                root,
                 "nginx",
                 tag,
                 "/usr/sbin/nginx",
@@ -244,6 +251,7 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
     for picture in ("kitten", "nautilus"):
         recipes.append(
             _on_busybox(
+                root,
                 picture,
                 "1.7",
                 (
@@ -274,7 +282,7 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
             "etcd",
             "3.6.4-0",
             (
-                _busybox(),
+                _busybox(root),
                 FilesLayer(files=(src.k8s_binary("etcd", "/usr/local/bin/etcd"),)),
             ),
             cmd=("/usr/local/bin/etcd",),
@@ -285,7 +293,7 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
             "sample-apiserver",
             "1.29.2",
             (
-                _busybox(),
+                _busybox(root),
                 FilesLayer(files=(_test_binary(root, "sample-apiserver", "/sample-apiserver"),)),
             ),
             entrypoint=("/sample-apiserver",),
@@ -293,13 +301,14 @@ def conformance_recipes(src: Sources | None = None, root: Path | None = None) ->
             summary="k8s.io/sample-apiserver of the release (wardle.example.com)",
         ),
         _on_busybox(
+            root,
             "nonewprivs",
             "1.3",
             (_test_binary(root, "nonewprivs", "/usr/local/bin/nnp", 0o4755),),
             cmd=("nnp",),
             summary="nnp: prints whether no_new_privs is set",
         ),
-        _on_busybox("nonroot", "1.4", user="1234", summary="runs as user 1234"),
+        _on_busybox(root, "nonroot", "1.4", user="1234", summary="runs as user 1234"),
     ]
     return recipes
 

@@ -436,6 +436,15 @@ async def ensure_pod_egress(node: NodeShell, knode: cfg.K8sNode) -> None:
         await node.run(["iptables", "-w", "-t", "nat", "-A", "POSTROUTING", *rule])
 
 
+async def ensure_service_cidr_closed(node: NodeShell) -> None:
+    """Refuse what kube-proxy does not forward in the Service range
+    (cfg.service_cidr_reject_rules says why); appended once each."""
+    for chain, rule in cfg.service_cidr_reject_rules():
+        present = await node.run(["iptables", "-w", "-C", chain, *rule], check=False)
+        if present.returncode != 0:
+            await node.run(["iptables", "-w", "-A", chain, *rule])
+
+
 async def ensure_images(node: NodeShell, images: Iterable[Image]) -> None:
     present = await node.run(
         ["ctr", f"--address={cfg.CONTAINERD_SOCK}", "-n", "k8s.io", "images", "ls", "-q"]
@@ -535,6 +544,7 @@ async def prepare_node(
     async def kernel() -> None:
         await prepare_kernel(node)
         await ensure_pod_egress(node, knode)
+        await ensure_service_cidr_closed(node)
 
     _, _, kubelet_changed, proxy_changed, _ = await asyncio.gather(
         kernel(),
