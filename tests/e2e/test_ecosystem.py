@@ -16,13 +16,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from conftest import wait_for
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.server.settings import Settings
 
@@ -81,17 +81,6 @@ def cluster(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -
     cred = server.cli("clusters", "credentials", "eco", "--file", str(kubeconfig))
     assert cred.returncode == 0, cred.stderr
     yield Cluster(server, kubeconfig, json.loads(out.stdout))
-
-
-def _wait(what: str, check: Any, timeout_s: float = 180) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(1)
 
 
 # -- torchrun -------------------------------------------------------------------
@@ -337,9 +326,11 @@ def test_volcano_gang_schedules_two_8_gpu_tasks(cluster: Cluster) -> None:
         cluster.ok("-n", "volcano-system", "wait", f"deployment/{deployment}",
                    "--for=condition=Available", "--timeout=240s", timeout=260)  # fmt: skip
     # Volcano's controller makes the queue `default` once it runs; jobs name it.
-    _wait(
+    wait_for(
         "Volcano's default queue",
         lambda: cluster.kubectl("get", "queue", "default").returncode == 0,
+        timeout=180,
+        interval=1,
     )
     # A gang of 3 x 8 GPUs cannot fit 16: none of its pods may start (a
     # scheduler placing pods one by one would start two and leave them idle).
@@ -357,7 +348,9 @@ def test_volcano_gang_schedules_two_8_gpu_tasks(cluster: Cluster) -> None:
                 for g in groups
             )
 
-        _wait("the 3-task gang's PodGroup to be judged", big_group_judged)
+        wait_for(
+            "the 3-task gang's PodGroup to be judged", big_group_judged, timeout=180, interval=1
+        )
         cluster.ok("apply", "-f", "-", stdin=fits)
         done = cluster.kubectl("wait", "--for=jsonpath={.status.state.phase}=Completed",
                                "vcjob/pair", "--timeout=240s", timeout=260)  # fmt: skip

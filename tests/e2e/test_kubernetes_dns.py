@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from conftest import wait_for
 from gpuclusters.layers.kubernetes import addons
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.linux.layout import NodeLayout
@@ -188,15 +189,19 @@ def kjson(kubeconfig: Path, *args: str) -> Any:
     return json.loads(kubectl(kubeconfig, *args, "-o", "json").stdout)
 
 
-def wait(what: str, check: Any, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.5)
+def run_to_completion(cluster: Cluster, pod: str, manifest: str) -> str:
+    """Apply a one-shot pod's manifest; its logs once it has finished."""
+    kubectl(cluster.kubeconfig, "apply", "-f", "-", stdin=manifest)
+    wait_for(
+        f"pod {pod} to finish",
+        lambda: (
+            kjson(cluster.kubeconfig, "get", "pod", pod)["status"]["phase"]
+            in ("Succeeded", "Failed")
+        ),
+        timeout=120,
+        interval=0.5,
+    )
+    return kubectl(cluster.kubeconfig, "logs", pod).stdout
 
 
 def in_node(node: NodeLayout, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -262,7 +267,7 @@ def web(cluster: Cluster) -> dict[str, Any]:
         pod: dict[str, Any] = kjson(cluster.kubeconfig, "get", "pod", "web")
         return pod if pod["status"].get("phase") == "Running" else None
 
-    pod: dict[str, Any] = wait("web running", running, timeout=90)
+    pod: dict[str, Any] = wait_for("web running", running, timeout=90, interval=0.5)
     return pod
 
 
@@ -306,7 +311,7 @@ def test_control_plane_node_serves_dns_and_metrics(cluster: Cluster) -> None:
         conds = {c["type"]: c["status"] for c in obj.get("status", {}).get("conditions", [])}
         return conds.get("Available") == "True"
 
-    wait("the metrics APIService available", available, timeout=60)
+    wait_for("the metrics APIService available", available, timeout=60, interval=0.5)
 
 
 def test_pods_resolve_services_pods_and_nodes(cluster: Cluster, web: dict[str, Any]) -> None:
@@ -314,24 +319,12 @@ def test_pods_resolve_services_pods_and_nodes(cluster: Cluster, web: dict[str, A
     pod_ip = web["status"]["podIP"]
     web_ip = kjson(cluster.kubeconfig, "get", "service", "web")["spec"]["clusterIP"]
     script = probe_script(names, pod_ip.replace(".", "-"))
-    kubectl(
-        cluster.kubeconfig,
-        "apply",
-        "-f",
-        "-",
-        stdin=PROBE.replace("{node}", names[1])
+    manifest = (
+        PROBE.replace("{node}", names[1])
         .replace("{script}", script)
-        .replace("{libdir}", str(LD_SO.resolve().parent)),
+        .replace("{libdir}", str(LD_SO.resolve().parent))
     )
-    wait(
-        "probe done",
-        lambda: (
-            kjson(cluster.kubeconfig, "get", "pod", "probe")["status"]["phase"]
-            in ("Succeeded", "Failed")
-        ),
-        timeout=120,
-    )
-    out = kubectl(cluster.kubeconfig, "logs", "probe").stdout
+    out = run_to_completion(cluster, "probe", manifest)
     resolv = out.split("RESOLV\n", 1)[1].split("END\n", 1)[0]
     answers = dict(
         line.split("=", 1) for line in out.split("END\n", 1)[1].splitlines() if "=" in line
@@ -404,18 +397,10 @@ def test_service_addresses_without_a_rule_are_refused(
         f"nc -w 10 {web_ip} 81 </dev/null; echo other_port=$?; "
         "nc -w 10 10.96.255.254 80 </dev/null; echo no_service=$?"
     )
-    kubectl(cluster.kubeconfig, "apply", "-f", "-",
-            stdin=REFUSED_PROBE.replace("{node}", sorted(cluster.nodes)[1])
-            .replace("{script}", json.dumps(script)))  # fmt: skip
-    wait(
-        "refused probe done",
-        lambda: (
-            kjson(cluster.kubeconfig, "get", "pod", "refused")["status"]["phase"]
-            in ("Succeeded", "Failed")
-        ),
-        timeout=120,
+    manifest = REFUSED_PROBE.replace("{node}", sorted(cluster.nodes)[1]).replace(
+        "{script}", json.dumps(script)
     )
-    out = kubectl(cluster.kubeconfig, "logs", "refused").stdout
+    out = run_to_completion(cluster, "refused", manifest)
     print(out)
     assert "hello-from-web" in out and "served=0" in out
     # busybox nc says why: a reset is "refused" (a timeout or an answer
@@ -431,7 +416,7 @@ def test_kubectl_top(cluster: Cluster, web: dict[str, Any]) -> None:
         return rows if set(rows) == set(cluster.nodes) else None
 
     start = time.monotonic()
-    rows = wait("kubectl top nodes", top_nodes, timeout=120)
+    rows = wait_for("kubectl top nodes", top_nodes, timeout=120, interval=0.5)
     print(f"top nodes after {time.monotonic() - start:.1f}s: {rows}")
     for cpu, _, memory, _ in rows.values():
         assert cpu.endswith("m") and memory.endswith("Mi"), rows
@@ -441,7 +426,7 @@ def test_kubectl_top(cluster: Cluster, web: dict[str, Any]) -> None:
         names = [ln.split()[0] for ln in r.stdout.splitlines() if ln.strip()]
         return names if "web" in names else None
 
-    wait("kubectl top pods", top_pods, timeout=120)
+    wait_for("kubectl top pods", top_pods, timeout=120, interval=0.5)
     # metrics.k8s.io through the aggregation layer, as any client sees it.
     raw = kubectl(cluster.kubeconfig, "get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
     metrics = json.loads(raw.stdout)
@@ -466,7 +451,7 @@ def test_a_joining_node_is_resolvable(cluster: Cluster, web: dict[str, Any]) -> 
         r = kubectl(cluster.kubeconfig, "exec", "web", "--", "nslookup", f"{name}.", check=False)
         return f"Address: {address}" in r.stdout
 
-    wait(f"{name} in DNS", resolved, timeout=60)
+    wait_for(f"{name} in DNS", resolved, timeout=60, interval=0.5)
     print(f"{name} resolvable {time.monotonic() - start:.1f}s after its record")
 
     # And it joins: the cluster is ready again with three nodes.

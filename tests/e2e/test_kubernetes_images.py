@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from netlab import Laptop
 
+from conftest import wait_for
 from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.server.settings import Settings
@@ -198,7 +199,7 @@ def test_kubectl_top_nodes_answers(world: World) -> None:
         rows = [line.split() for line in r.stdout.splitlines() if line.strip()]
         return rows if r.returncode == 0 and len(rows) == 2 else None
 
-    rows = _wait("kubectl top nodes to show both nodes", top)
+    rows = wait_for("kubectl top nodes to show both nodes", top, timeout=120, interval=1)
     for name, cpu, _cpu_pct, memory, _mem_pct in rows:
         assert name.startswith("imgs-"), rows
         assert cpu.endswith("m") and memory.endswith("Mi"), rows
@@ -324,17 +325,6 @@ def _job(world: World, name: str) -> dict[str, Any]:
     return dict(json.loads(r.stdout))
 
 
-def _wait(what: str, check: Any, timeout_s: float = 120) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(1)
-
-
 def test_kueue_queues_a_second_gpu_job_behind_the_first(world: World) -> None:
     from gpuclusters.layers.kubernetes import ecosystem
 
@@ -351,13 +341,16 @@ def test_kueue_queues_a_second_gpu_job_behind_the_first(world: World) -> None:
         pytest.fail(f"kueue did not start: {up.stderr}\n{pods}")
     # Its admission webhooks answer once their endpoints are there: the
     # queues are applied as soon as the apiserver can call them.
-    _wait(
+    wait_for(
         "Kueue's webhooks to admit the queues",
         lambda: world.kubectl("apply", "-f", "-", stdin=KUEUE_QUEUES).returncode == 0,
+        timeout=120,
+        interval=1,
     )
     assert world.kubectl("apply", "-f", "-", stdin=kueue_job("first", 20)).returncode == 0
-    _wait("the first job to be admitted and run", lambda: _job(world, "first")["spec"]["suspend"]
-          is False and _job(world, "first").get("status", {}).get("active"))  # fmt: skip
+    wait_for("the first job to be admitted and run", lambda: _job(world, "first")["spec"]["suspend"]
+             is False and _job(world, "first").get("status", {}).get("active"),
+             timeout=120, interval=1)  # fmt: skip
     assert world.kubectl("apply", "-f", "-", stdin=kueue_job("second", 1)).returncode == 0
 
     # The quota (8 GPUs) is the first job's while it runs: the second's
@@ -371,7 +364,7 @@ def test_kueue_queues_a_second_gpu_job_behind_the_first(world: World) -> None:
         ]
         return owned[0] if owned else None
 
-    _wait("the second job's workload", second_workload)
+    wait_for("the second job's workload", second_workload, timeout=120, interval=1)
     checked = 0
     while not _job(world, "first").get("status", {}).get("succeeded"):
         workload = second_workload()
@@ -511,7 +504,7 @@ def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
                 if o["metadata"].get("labels", {}).get("skypilot-cluster")
             ]
 
-        _wait("sky down to delete the pod and its services", gone)
+        wait_for("sky down to delete the pod and its services", gone, timeout=120, interval=1)
     finally:
         sky("down", "-y", "--purge", "gpc")
         sky("api", "stop")
