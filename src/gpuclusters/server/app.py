@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import Counter, Histogram
 
 from gpuclusters import __version__
@@ -43,6 +44,7 @@ from gpuclusters.server.routers import (
     agents,
     catalog,
     clusters,
+    console,
     health,
     hosts,
     registry,
@@ -285,7 +287,11 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
                 )
             return await call_next(request)
 
+    # The web console under / (its own router, static files and errors).
+    console.install(app)
+    app.mount("/console/static", StaticFiles(directory=console.STATIC_DIR), name="console-static")
     for router in (
+        console.router,
         system.router,
         catalog.router,
         clusters.router,

@@ -121,6 +121,20 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
+class ConsoleSession(Base):
+    """A signed-in browser (server/routers/console.py). The cookie holds a
+    random token; only its SHA-256 is the key here. The session acts with
+    the API key it was opened with: revoking the key, or deleting its user,
+    ends it. ``csrf_token`` is echoed by every form and mutating request."""
+
+    __tablename__ = "console_sessions"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the cookie
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"))
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
 class ProjectMember(Base):
     __tablename__ = "project_members"
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)

@@ -8,7 +8,7 @@ files on shared volumes; the name is a Unix account that stays on nodes).
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -106,12 +106,21 @@ async def _next_uid(session: AsyncSession, organization_id: str) -> int:
 async def authenticate(session: AsyncSession, *, key: str | None) -> Principal:
     if not key:
         raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'")
+    principal, _ = await principal_for_key(session, ApiKey.key_hash == hash_key(key))
+    return principal
+
+
+async def principal_for_key(
+    session: AsyncSession, which: ColumnElement[bool]
+) -> tuple[Principal, ApiKey]:
+    """The caller behind the live API key ``which`` selects (by hash, or by
+    id for a console session), and that key."""
     row = (
         await session.execute(
             select(ApiKey, User)
             .join(User, User.id == ApiKey.user_id)
             .where(
-                ApiKey.key_hash == hash_key(key),
+                which,
                 ApiKey.revoked_at.is_(None),
                 # Deleting a user revokes their keys too; this holds even if not.
                 User.deleted_at.is_(None),
@@ -120,17 +129,18 @@ async def authenticate(session: AsyncSession, *, key: str | None) -> Principal:
     ).first()
     if row is None:
         raise AuthenticationError("invalid or revoked API key")
-    _, user = row
+    key_row, user = row
     members = await session.execute(
         select(ProjectMember.project_id, ProjectMember.role).where(ProjectMember.user_id == user.id)
     )
-    return Principal(
+    principal = Principal(
         user_id=user.id,
         user_name=user.name,
         organization_id=user.organization_id,
         is_admin=user.is_admin,
         roles={pid: ProjectRole(role) for pid, role in members.all()},
     )
+    return principal, key_row
 
 
 async def resolve_project(

@@ -1,0 +1,311 @@
+"""The web console: server-rendered pages under ``/`` (the API stays under
+``/v1``), same process, port and TLS as the API.
+
+Design: Jinja2 templates (``server/console/templates``) over the very
+services the API routers call, with the signed-in session's principal, so
+the console shows and allows exactly what the API would for that key
+(services/console.py has the sessions and CSRF). htmx (vendored under
+``/console/static``) makes the live parts: an element with
+``hx-get`` and ``hx-trigger="every 2s"`` asks the same URL again with an
+``HX-Request`` header, and the route answers with the page's fragment only
+(``partial``), so an in-progress cluster or node updates without a reload.
+Errors become pages, not JSON: a missing or expired session redirects to
+``/login``; a service's validation error is shown beside the form, in the
+API's own words.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import pydantic
+from fastapi import APIRouter, Depends, Form, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from gpuclusters import __version__
+from gpuclusters.core import models as api
+from gpuclusters.core.enums import ProjectRole
+from gpuclusters.core.errors import (
+    AuthenticationError,
+    GpuClustersError,
+    NotFoundError,
+    PermissionDeniedError,
+    ValidationError,
+)
+from gpuclusters.server.deps import RuntimeDep, SessionDep
+from gpuclusters.server.errors import validation_error
+from gpuclusters.server.services import clusters, nodes, tenancy
+from gpuclusters.server.services import console as sessions
+from gpuclusters.server.services.console import SignedIn
+
+ASSETS = Path(__file__).resolve().parent.parent / "console"
+STATIC_DIR = ASSETS / "static"
+COOKIE = "gpc_console"
+
+templates = Jinja2Templates(directory=str(ASSETS / "templates"))
+router = APIRouter(include_in_schema=False)
+
+
+class SignInRequired(Exception):
+    """Raised by ``signed_in`` for a request without a live session; the app
+    turns it into a redirect to the sign-in page (install)."""
+
+
+async def signed_in(request: Request, session: SessionDep) -> SignedIn:
+    try:
+        return await sessions.resolve(session, token=request.cookies.get(COOKIE))
+    except AuthenticationError as exc:
+        raise SignInRequired(str(exc)) from exc
+
+
+SignedInDep = Annotated[SignedIn, Depends(signed_in)]
+
+
+def install(app: Any) -> None:
+    """Turn SignInRequired into a redirect to /login (htmx: a full-page
+    redirect through its HX-Redirect header)."""
+
+    async def to_login(request: Request, exc: Exception) -> Response:
+        if request.headers.get("hx-request"):
+            return Response(status_code=204, headers={"HX-Redirect": "/login"})
+        return RedirectResponse("/login", status_code=303)
+
+    app.add_exception_handler(SignInRequired, to_login)
+
+
+def _page(
+    request: Request, name: str, who: SignedIn | None, status_code: int = 200, **context: Any
+) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request,
+        name,
+        {
+            "who": who.principal if who else None,
+            "csrf": who.csrf_token if who else "",
+            "version": __version__,
+            "partial": bool(request.headers.get("hx-request")),
+            **context,
+        },
+        status_code=status_code,
+    )
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+# --- sign in and out ------------------------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request) -> HTMLResponse:
+    return _page(request, "login.html", None, error=None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(
+    request: Request, session: SessionDep, api_key: Annotated[str, Form()] = ""
+) -> Response:
+    try:
+        token, _ = await sessions.sign_in(session, key=api_key)
+    except AuthenticationError as exc:
+        return _page(request, "login.html", None, status_code=401, error=str(exc))
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=int(sessions.SESSION_TTL.total_seconds()),
+        httponly=True,
+        secure=_secure(request),
+        samesite="lax",
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(
+    session: SessionDep, who: SignedInDep, csrf_token: Annotated[str, Form()] = ""
+) -> Response:
+    sessions.check_csrf(who, csrf_token)
+    await sessions.sign_out(session, signed_in=who)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE)
+    return response
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(request: Request, session: SessionDep, who: SignedInDep) -> HTMLResponse:
+    projects = await tenancy.list_projects(session, principal=who.principal)
+    rows: list[tuple[api.Project, api.Cluster]] = []
+    events: list[tuple[str, api.NodeEvent]] = []
+    for p in projects:
+        if p.role not in (ProjectRole.ADMIN, ProjectRole.EDITOR):
+            continue
+        for c in await clusters.list_clusters(
+            session, principal=who.principal, project_name=p.name
+        ):
+            rows.append((p, c))
+        for e in await nodes.list_events(
+            session, principal=who.principal, project_name=p.name, cluster=None, node=None
+        ):
+            events.append((p.name, e))
+    events.sort(key=lambda pe: pe[1].timestamp, reverse=True)
+    return _page(
+        request,
+        "overview.html",
+        who,
+        projects=projects,
+        clusters=rows,
+        events=events[:20],
+    )
+
+
+def _gone(request: Request, who: SignedIn, what: str) -> Response:
+    """A page whose object is gone (a deleted cluster): a live page goes
+    back to the overview; a fresh load says so."""
+    if request.headers.get("hx-request"):
+        return Response(status_code=204, headers={"HX-Redirect": "/"})
+    return _page(request, "gone.html", who, status_code=404, what=what)
+
+
+@router.get("/projects/{project}/clusters/{name}", response_class=HTMLResponse)
+async def cluster_page(
+    request: Request, project: str, name: str, session: SessionDep, who: SignedInDep
+) -> Response:
+    try:
+        view = await clusters.get_cluster(
+            session, principal=who.principal, project_name=project, name=name
+        )
+    except NotFoundError:
+        return _gone(request, who, f"cluster {name}")
+    events = await nodes.list_events(
+        session, principal=who.principal, project_name=project, cluster=name, node=None
+    )
+    return _page(
+        request,
+        "cluster.html",
+        who,
+        project=project,
+        cluster=view,
+        events=events[:30],
+        can_admin=_is_admin(
+            who, project, await tenancy.list_projects(session, principal=who.principal)
+        ),
+        error=request.query_params.get("error"),
+    )
+
+
+def _is_admin(who: SignedIn, project: str, projects: list[api.Project]) -> bool:
+    """Whether the page shows the project admin's buttons (the services
+    check the role again on every action)."""
+    return any(p.name == project and p.role == ProjectRole.ADMIN for p in projects)
+
+
+@router.post("/projects/{project}/clusters/{name}/scale")
+async def scale_cluster(
+    request: Request,
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+    num_gpus: Annotated[str, Form()] = "",
+    num_preemptible_gpus: Annotated[str, Form()] = "",
+) -> Response:
+    sessions.check_csrf(who, csrf_token)
+    fields = {"num_gpus": num_gpus, "num_preemptible_gpus": num_preemptible_gpus}
+    try:
+        body = api.ClusterUpdate.model_validate({k: v for k, v in fields.items() if v != ""})
+        await clusters.update_cluster(
+            session, rt=rt, principal=who.principal, project_name=project, name=name, body=body
+        )
+    except pydantic.ValidationError as exc:
+        error = validation_error(RequestValidationError(exc.errors(include_url=False)))
+        return RedirectResponse(_with_error(project, name, error.message), status_code=303)
+    except GpuClustersError as exc:
+        if isinstance(exc, PermissionDeniedError | NotFoundError | AuthenticationError):
+            raise
+        return RedirectResponse(_with_error(project, name, exc.message), status_code=303)
+    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+
+
+def _with_error(project: str, name: str, message: str) -> str:
+    return f"/projects/{project}/clusters/{name}?{urlencode({'error': message})}"
+
+
+@router.post("/projects/{project}/clusters/{name}/delete")
+async def delete_cluster(
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+    volume: Annotated[str, Form()] = "keep",
+) -> Response:
+    sessions.check_csrf(who, csrf_token)
+    if volume not in ("keep", "delete"):
+        raise ValidationError("volume: must be keep or delete", field="volume")
+    await clusters.delete_cluster(
+        session, rt=rt, principal=who.principal, project_name=project, name=name,
+        delete_volume=volume == "delete",
+    )  # fmt: skip
+    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+
+
+@router.get("/projects/{project}/nodes/{name}", response_class=HTMLResponse)
+async def node_page(
+    request: Request, project: str, name: str, session: SessionDep, who: SignedInDep
+) -> HTMLResponse:
+    node = await nodes.get_node(session, principal=who.principal, project_name=project, name=name)
+    events = await nodes.list_events(
+        session, principal=who.principal, project_name=project, cluster=None, node=name
+    )
+    return _page(request, "node.html", who, project=project, node=node, events=events[:30])
+
+
+@router.get("/projects/{project}/new-cluster", response_class=HTMLResponse)
+async def new_cluster_form(request: Request, project: str, who: SignedInDep) -> HTMLResponse:
+    return _page(request, "new_cluster.html", who, project=project, error=None, form={})
+
+
+@router.post("/projects/{project}/new-cluster", response_class=HTMLResponse)
+async def create_cluster(
+    request: Request,
+    project: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+    name: Annotated[str, Form()] = "",
+    cluster_type: Annotated[str, Form()] = "kubernetes",
+    num_gpus: Annotated[str, Form()] = "",
+    gpu_type: Annotated[str, Form()] = "",
+) -> Response:
+    sessions.check_csrf(who, csrf_token)
+    form = {"name": name, "cluster_type": cluster_type, "num_gpus": num_gpus, "gpu_type": gpu_type}
+    try:
+        # The API's own model validates: the same rules and messages.
+        body = api.ClusterCreate.model_validate(
+            {k: v for k, v in form.items() if v not in ("", None)}
+        )
+        await clusters.create_cluster(
+            session, rt=rt, principal=who.principal, project_name=project, body=body
+        )
+    except GpuClustersError as exc:
+        return _page(request, "new_cluster.html", who, status_code=422, project=project,
+                     error=exc.to_dict(), form=form)  # fmt: skip
+    except pydantic.ValidationError as exc:
+        # Worded as the API words a bad request body.
+        error = validation_error(RequestValidationError(exc.errors(include_url=False))).to_dict()
+        return _page(request, "new_cluster.html", who, status_code=422, project=project,
+                     error=error, form=form)  # fmt: skip
+    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)

@@ -1,0 +1,175 @@
+"""The web console in a real browser: Playwright driving Debian's chromium
+against a real server process (fake provider, so nodes boot in a second).
+
+As a user: sign in with an API key (a wrong one is refused), create a
+cluster from the form (a bad GPU count gets the API's own message), watch
+it become ready without reloading the page, scale it, see as an editor no
+button an editor may not press and have a forged delete refused, delete it
+keeping its volume, sign out. Each test saves a screenshot of the page into
+its tmp_path when it fails; ``GPUCLUSTERS_SCREENSHOTS=DIR`` also keeps the
+overview's (the README's picture is one of those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import ServerHandle, Servers
+
+CHROMIUM = shutil.which("chromium")
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="run scripts/setup first (Debian's chromium)"),
+]
+
+
+@pytest.fixture
+def server(server_factory: Servers) -> ServerHandle:
+    # Nodes take a second to boot, so the phases can be watched.
+    return server_factory(boot_delay_s=1.0)
+
+
+@pytest.fixture
+def browser() -> Iterator[playwright_api.Browser]:
+    with playwright_api.sync_playwright() as p:
+        # Playwright's own browser download cannot work here: the system's.
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page: playwright_api.Page, path: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(path), full_page=True)
+            print(f"screenshot of the failing page: {path} ({page.url})")
+        raise
+
+
+def sign_in(page: playwright_api.Page, url: str, key: str) -> None:
+    page.goto(f"{url}/login")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/")
+
+
+def test_sign_in_create_watch_scale_delete_sign_out(
+    server: ServerHandle, browser: playwright_api.Browser, tmp_path: Path
+) -> None:
+    expect = playwright_api.expect
+    page = browser.new_page()
+    with screenshot_on_failure(page, tmp_path / "admin.png"):
+        # Anything but the sign-in page needs a session.
+        page.goto(f"{server.url}/")
+        expect(page).to_have_url(f"{server.url}/login")
+        page.fill("#api_key", "gpc_not-a-key")
+        page.click("button[type=submit]")
+        expect(page.locator(".error")).to_contain_text("invalid or revoked API key")
+        sign_in(page, server.url, server.api_key)
+        expect(page.locator("h1")).to_have_text("Clusters")
+
+        # Create from the form: the API's validation, word for word.
+        page.click("#new-cluster-default")
+        page.fill("#name", "web1")
+        page.select_option("#cluster_type", "slurm")
+        page.fill("#num_gpus", "12")
+        page.click("#new-cluster button[type=submit]")
+        with server.client() as api:
+            bad = {"name": "web1", "cluster_type": "slurm", "num_gpus": 12}
+            r = api.post("/v1/projects/default/clusters", json=bad)
+        assert r.status_code == 422
+        expect(page.locator(".error")).to_have_text(r.json()["message"])
+        assert page.locator(".error").get_attribute("data-field") == "num_gpus"
+        page.fill("#num_gpus", "16")
+        page.click("#new-cluster button[type=submit]")
+        page.wait_for_url(f"{server.url}/projects/default/clusters/web1")
+
+        # It becomes ready while the page stays loaded (htmx polls it).
+        page.evaluate("window.__stillTheSamePage = true")
+        expect(page.locator("#cluster h1 .status")).to_have_text("ready", timeout=60_000)
+        assert page.evaluate("window.__stillTheSamePage") is True
+        phases = page.locator("#phases li").all_inner_texts()
+        assert any("ready" in p for p in phases) and len(phases) >= 2, phases
+        expect(page.locator("#nodes tbody tr")).to_have_count(2)
+
+        # Scale to three nodes; the node table follows by itself.
+        page.fill("#scale #num_gpus", "24")
+        page.click("#scale button[type=submit]")
+        page.wait_for_url(f"{server.url}/projects/default/clusters/web1")
+        page.evaluate("window.__stillTheSamePage = true")
+        expect(page.locator("#nodes tbody tr")).to_have_count(3, timeout=60_000)
+        expect(page.locator("#cluster h1 .status")).to_have_text("ready", timeout=60_000)
+        assert page.evaluate("window.__stillTheSamePage") is True
+
+        # The overview lists it, with its GPUs.
+        page.goto(f"{server.url}/")
+        row = page.locator('#clusters tr[data-cluster="web1"]')
+        expect(row).to_contain_text("24 H100_SXM")
+        shots = os.environ.get("GPUCLUSTERS_SCREENSHOTS")
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(shots) / "console-overview.png"), full_page=True)
+
+    # An editor sees the cluster but no scale or delete, and a forged delete
+    # (with the editor's own valid session and CSRF token) is refused.
+    with server.client() as api:
+        eve = api.post("/v1/api-keys", json={"user": "eve", "project": "default",
+                                             "role": "editor"}).json()["key"]  # fmt: skip
+    editor = browser.new_context().new_page()
+    with screenshot_on_failure(editor, tmp_path / "editor.png"):
+        sign_in(editor, server.url, eve)
+        editor.goto(f"{server.url}/projects/default/clusters/web1")
+        expect(editor.locator("#cluster h1")).to_contain_text("web1")
+        assert editor.locator("#delete-button").count() == 0
+        assert editor.locator("#scale").count() == 0
+        headers = editor.locator("body").get_attribute("hx-headers") or ""
+        csrf = re.search(r'"X-CSRF-Token": "([^"]+)"', headers)
+        assert csrf, headers
+        forged = editor.request.post(
+            f"{server.url}/projects/default/clusters/web1/delete",
+            form={"csrf_token": csrf.group(1), "volume": "delete"},
+            max_redirects=0,
+        )
+        assert forged.status == 403, forged.text()
+        assert forged.json()["code"] == "forbidden"
+        # Without the CSRF token, not even the admin's session may act.
+        no_token = page.request.post(
+            f"{server.url}/projects/default/clusters/web1/delete", form={"volume": "delete"},
+            max_redirects=0,
+        )  # fmt: skip
+        assert no_token.status == 403
+    with server.client() as api:
+        assert api.get("/v1/projects/default/clusters/web1").json()["status"] == "ready"
+
+    with screenshot_on_failure(page, tmp_path / "delete.png"):
+        # Delete, keeping the volume: the page follows it until it is gone.
+        page.goto(f"{server.url}/projects/default/clusters/web1")
+        volume = page.locator("#delete strong").inner_text()
+        expect(page.locator('#delete input[value="keep"]')).to_be_checked()
+        page.click("#delete-button")
+        page.wait_for_url(f"{server.url}/", timeout=60_000)
+        with server.client() as api:
+            assert api.get("/v1/projects/default/clusters/web1").status_code == 404
+            kept = [v["name"] for v in api.get("/v1/projects/default/volumes").json()]
+        assert volume in kept
+
+        # Sign out: the session is gone, pages need a new sign-in.
+        page.click("#sign-out")
+        expect(page).to_have_url(f"{server.url}/login")
+        page.goto(f"{server.url}/")
+        expect(page).to_have_url(f"{server.url}/login")
