@@ -13,6 +13,7 @@ overview's (the README's picture is one of those).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -173,3 +174,64 @@ def test_sign_in_create_watch_scale_delete_sign_out(
         expect(page).to_have_url(f"{server.url}/login")
         page.goto(f"{server.url}/")
         expect(page).to_have_url(f"{server.url}/login")
+
+
+def test_node_page_on_the_embedded_fleet(
+    server_factory: Servers, browser: playwright_api.Browser, tmp_path: Path
+) -> None:
+    """The issue's acceptance on real nodes: open a node, see its GPU charts
+    fill from the agent's heartbeats, run a health check and see its
+    result, inject a fault from the CLI, approve the repair in the browser,
+    and watch the page follow the repair until the node runs again."""
+    expect = playwright_api.expect
+    if os.geteuid() != 0:
+        pytest.skip("the embedded fleet needs root")
+    server = server_factory(provider="netns", start=False)
+    server.env["GPUCLUSTERS_REPAIR_COOLDOWN_S"] = "0"
+    server.start()
+    out = server.cli("clusters", "create", "c1", "--type", "slurm", "--gpus", "16", "--wait",
+                     "--output", "json", timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    victim = sorted(n["name"] for n in json.loads(out.stdout)["nodes"])[0]
+    assert server.cli("clusters", "configure", "c1", "--repair-max-wait", "0").returncode == 0
+
+    page = browser.new_page()
+    with screenshot_on_failure(page, tmp_path / "node.png"):
+        sign_in(page, server.url, server.api_key)
+        page.goto(f"{server.url}/projects/default/nodes/{victim}")
+        expect(page.locator("#node h1 .status")).to_have_text("running")
+        # The charts: 8 GPUs, points added as heartbeats arrive (every 5 s).
+        expect(page.locator("#charts")).to_have_attribute("data-gpus", "8", timeout=30_000)
+        expect(page.locator('.chart[data-metric="temperature_c"] canvas')).to_have_count(1)
+        expect(page.locator('.chart[data-metric="utilization_pct"]')).to_have_attribute(
+            "data-points", re.compile(r"^([2-9]|\d\d+)$"), timeout=30_000
+        )
+        page.evaluate("window.__stillTheSamePage = true")
+
+        # A health check from the page; its result shows up by itself.
+        page.select_option("#check", "host-device")
+        page.fill("#duration_s", "5")
+        page.click("#run-check button[type=submit]")
+        page.evaluate("window.__stillTheSamePage = true")
+        run = page.locator('#runs tr[data-check="host-device"]').first
+        expect(run.locator(".status")).to_have_text(
+            re.compile("^(passed|failed|skipped)$"), timeout=90_000
+        )
+
+        # A fault from the CLI: the repair appears, pending approval.
+        r = server.cli("nodes", "inject-fault", victim, "--kind", "xid", "--code", "79",
+                       "--gpu", "3")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        pending = page.locator('#repairs tr[data-state="pending_approval"]')
+        expect(pending).to_have_count(1, timeout=60_000)
+        assert page.evaluate("window.__stillTheSamePage") is True
+        expect(page.locator("#alerts tr.open")).not_to_have_count(0)
+        pending.locator("button.approve").click()
+        # The page follows the migration to its end without a reload.
+        page.evaluate("window.__stillTheSamePage = true")
+        expect(page.locator('#repairs tr[data-state="succeeded"]')).to_have_count(
+            1, timeout=240_000
+        )
+        expect(page.locator("#node h1 .status")).to_have_text("running", timeout=60_000)
+        assert page.evaluate("window.__stillTheSamePage") is True
+    assert server.cli("clusters", "delete", "c1", "--wait").returncode == 0

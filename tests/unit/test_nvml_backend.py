@@ -39,7 +39,12 @@ def fake_nvml(count: int = 2, *, init_error: bool = False) -> Any:
     m.nvmlDeviceGetHandleByIndex = handle
     m.nvmlDeviceGetMinorNumber = lambda h: h + 4
     m.nvmlDeviceGetName = lambda h: b"NVIDIA H200"
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=141 * 1024**3)
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        total=141 * 1024**3, used=(10 + h) * 1024**3
+    )
+    m.NVML_TEMPERATURE_GPU = 0
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=40 + h, memory=5)
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 50 + h if sensor == 0 else -1
     m.nvmlDeviceGetUUID = lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
     return m
 
@@ -65,6 +70,19 @@ def test_a_gpu_that_stops_answering_is_absent_but_keeps_its_identity() -> None:
     assert (after[1].uuid, after[1].device) == (before[1].uuid, before[1].device)
     gpus.close()
     assert nvml.state["shutdown"] is True
+
+
+def test_telemetry_comes_from_nvml_and_skips_a_lost_gpu() -> None:
+    nvml = fake_nvml(3)
+    gpus = NvmlGpus(nvml)
+    samples = gpus.telemetry()
+    assert [(s.index, s.utilization_pct, s.memory_used_gib, s.temperature_c) for s in samples] == [
+        (0, 40.0, 10.0, 50.0),
+        (1, 41.0, 11.0, 51.0),
+        (2, 42.0, 12.0, 52.0),
+    ]
+    nvml.state["lost"].add(1)
+    assert [s.index for s in gpus.telemetry()] == [0, 2]
 
 
 def test_detect_backend_prefers_nvml_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,14 +14,17 @@ distinct between nodes and between the GPUs of one node.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import socket
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.health.findings import GpuHealth
+from gpuclusters.core.telemetry import GpuSample
 
 MACHINE_ID_FILE = Path("/etc/machine-id")
 
@@ -47,6 +50,10 @@ class GpuBackend(Protocol):
 
     def health(self) -> list[GpuHealth]:
         """Each GPU's health now (passive checks)."""
+        ...
+
+    def telemetry(self) -> list[GpuSample]:
+        """Each present GPU's utilisation, memory in use and temperature now."""
         ...
 
 
@@ -102,6 +109,35 @@ class SimulatedGpus:
                     device=str(dev),
                     present=os.path.exists(dev),
                     uuid=self._uuids[i],
+                )
+            )
+        return out
+
+    def telemetry(self, now: float | None = None) -> list[GpuSample]:
+        """Plausible, smoothly varying load: each GPU follows its own slow
+        wave (period 5 minutes, phase from its UUID) with a little jitter;
+        memory in use follows the load, temperature follows it with a
+        floor of an idle GPU's. Deterministic for a node and a time, so
+        tests can check what the charts get."""
+        now = time.time() if now is None else now
+        spec = GPU_TYPES.get(self.gpu_type)
+        memory = float(spec.memory_gib if spec else 80)
+        out = []
+        for g in self.inventory():
+            if not g.present:
+                continue
+            seed = int(g.uuid[4:12], 16)
+            phase = (seed % 1000) / 1000 * 2 * math.pi
+            tick = hashlib.sha256(f"{seed}:{int(now // 5)}".encode()).hexdigest()
+            jitter = (int(tick[:4], 16) / 0xFFFF - 0.5) * 10
+            wave = 40 * math.sin(2 * math.pi * now / 300 + phase)
+            load = min(100.0, max(0.0, 55 + wave + jitter))
+            out.append(
+                GpuSample(
+                    index=g.index,
+                    utilization_pct=round(load, 1),
+                    memory_used_gib=round(memory * (0.1 + 0.8 * load / 100), 1),
+                    temperature_c=round(31 + 0.42 * load, 1),
                 )
             )
         return out

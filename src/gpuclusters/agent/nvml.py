@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuclusters.agent.gpus import GpuBackend, GpuInfo, SimulatedGpus
 from gpuclusters.core.health.findings import GpuHealth
+from gpuclusters.core.telemetry import GpuSample
 
 log = logging.getLogger(__name__)
 GIB = 1024**3
@@ -62,6 +63,24 @@ class NvmlGpus:
             present=True,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
         )
+
+    def telemetry(self) -> list[GpuSample]:
+        """NVML's utilisation rate, memory in use and core temperature of
+        each GPU that answers (one that does not is left out: its absence
+        is the inventory's and the health checks' business)."""
+        nvml = self._nvml
+        out = []
+        with self._lock:
+            for i in range(self.count):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                    util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                    used = nvml.nvmlDeviceGetMemoryInfo(handle).used
+                    temp = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+                except nvml.NVMLError:
+                    continue
+                out.append(GpuSample(i, float(util), round(int(used) / GIB, 2), float(temp)))
+        return out
 
     def inventory(self) -> list[GpuInfo]:
         out = []

@@ -667,6 +667,9 @@ class AgentHeartbeat(_Model):
     # Current passive findings (core.health.findings.Finding.to_dict()); None
     # from an agent that does not run passive checks.
     findings: list[dict[str, Any]] | None = None
+    # One sample per GPU (core.telemetry.GpuSample's fields); None from an
+    # agent that does not sample.
+    telemetry: list[dict[str, float]] | None = None
 
 
 class SshTarget(_Out):

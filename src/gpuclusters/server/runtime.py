@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gpuclusters.core.enums import ClusterType
 from gpuclusters.core.nodeshell import NodeAccess
+from gpuclusters.core.telemetry import TelemetryHistory
 from gpuclusters.layers.base import ClusterLayer
 from gpuclusters.layers.combined import SlurmAndKubernetesLayer
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
@@ -42,6 +43,8 @@ class Runtime:
     verified_nodes: set[str] = field(default_factory=set)
     # The image registry, where this server runs one (settings.registry_enabled).
     registry: RegistryRuntime | None = None
+    # GPU samples from the node agents' heartbeats, for the console's charts.
+    telemetry: TelemetryHistory = field(default_factory=TelemetryHistory)
 
     @property
     def node_access(self) -> NodeAccess | None:

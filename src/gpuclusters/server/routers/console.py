@@ -31,14 +31,16 @@ from gpuclusters.core import models as api
 from gpuclusters.core.enums import ProjectRole
 from gpuclusters.core.errors import (
     AuthenticationError,
+    ConflictError,
     GpuClustersError,
     NotFoundError,
     PermissionDeniedError,
     ValidationError,
 )
+from gpuclusters.core.health.catalog import ACTIVE_CHECKS
 from gpuclusters.server.deps import RuntimeDep, SessionDep
 from gpuclusters.server.errors import validation_error
-from gpuclusters.server.services import clusters, nodes, tenancy
+from gpuclusters.server.services import clusters, health, nodes, tenancy
 from gpuclusters.server.services import console as sessions
 from gpuclusters.server.services.console import SignedIn
 
@@ -265,11 +267,99 @@ async def delete_cluster(
 async def node_page(
     request: Request, project: str, name: str, session: SessionDep, who: SignedInDep
 ) -> HTMLResponse:
-    node = await nodes.get_node(session, principal=who.principal, project_name=project, name=name)
+    p = who.principal
+    node = await nodes.get_node(session, principal=p, project_name=project, name=name)
     events = await nodes.list_events(
-        session, principal=who.principal, project_name=project, cluster=None, node=name
+        session, principal=p, project_name=project, cluster=None, node=name
     )
-    return _page(request, "node.html", who, project=project, node=node, events=events[:30])
+    alerts = await health.list_alerts(
+        session, principal=p, project_name=project, cluster=node.cluster, include_resolved=True
+    )
+    repairs = await health.list_repairs(
+        session, principal=p, project_name=project, cluster=node.cluster, state=None
+    )
+    runs = await health.list_health_runs(
+        session, principal=p, project_name=project, cluster=node.cluster
+    )
+    projects = await tenancy.list_projects(session, principal=p)
+    return _page(
+        request,
+        "node.html",
+        who,
+        project=project,
+        node=node,
+        events=events[:30],
+        alerts=[a for a in alerts if a.node == name][:30],
+        repairs=[r for r in repairs if r.node == name][:20],
+        runs=[r for r in runs if r.node == name][:20],
+        checks=ACTIVE_CHECKS,
+        can_admin=_is_admin(who, project, projects),
+        error=request.query_params.get("error"),
+    )
+
+
+@router.get("/projects/{project}/nodes/{name}/telemetry")
+async def node_telemetry(
+    project: str, name: str, session: SessionDep, who: SignedInDep, rt: RuntimeDep
+) -> dict[str, Any]:
+    """The node's recent GPU samples for its charts (uPlot's columns)."""
+    return await nodes.telemetry(
+        session, rt=rt, principal=who.principal, project_name=project, name=name
+    )
+
+
+def _node_url(project: str, node: str, error: str | None = None) -> str:
+    query = f"?{urlencode({'error': error})}" if error else ""
+    return f"/projects/{project}/nodes/{node}{query}"
+
+
+@router.post("/projects/{project}/nodes/{name}/health-checks")
+async def run_health_check(
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+    check: Annotated[str, Form()] = "",
+    duration_s: Annotated[str, Form()] = "10",
+) -> Response:
+    sessions.check_csrf(who, csrf_token)
+    node = await nodes.get_node(session, principal=who.principal, project_name=project, name=name)
+    try:
+        body = api.HealthRunCreate.model_validate(
+            {"check": check, "node": name, "duration_s": duration_s}
+        )
+        await health.run_checks(
+            session, rt=rt, principal=who.principal, project_name=project,
+            cluster_name=node.cluster, body=body,
+        )  # fmt: skip
+    except pydantic.ValidationError as exc:
+        error = validation_error(RequestValidationError(exc.errors(include_url=False)))
+        return RedirectResponse(_node_url(project, name, error.message), status_code=303)
+    except (ValidationError, ConflictError) as exc:
+        return RedirectResponse(_node_url(project, name, exc.message), status_code=303)
+    return RedirectResponse(_node_url(project, name), status_code=303)
+
+
+@router.post("/projects/{project}/repairs/{repair_id}/{verdict}")
+async def review_repair(
+    project: str,
+    repair_id: str,
+    verdict: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+) -> Response:
+    sessions.check_csrf(who, csrf_token)
+    if verdict not in ("approve", "reject", "cancel"):
+        raise ValidationError("verdict: must be approve, reject or cancel", field="verdict")
+    repair = await health.review_repair(
+        session, rt=rt, principal=who.principal, project_name=project, repair_id=repair_id,
+        verdict=verdict,
+    )  # fmt: skip
+    return RedirectResponse(_node_url(project, repair.node), status_code=303)
 
 
 @router.get("/projects/{project}/new-cluster", response_class=HTMLResponse)

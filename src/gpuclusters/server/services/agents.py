@@ -7,12 +7,14 @@ into that node while it bootstrapped; only the token's SHA-256 is stored.
 from __future__ import annotations
 
 import hmac
+import time
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import NodePhase
 from gpuclusters.core.errors import AuthenticationError
+from gpuclusters.core.telemetry import GpuSample
 from gpuclusters.server.controllers.alerts import apply_findings
 from gpuclusters.server.db.models import Node, utcnow
 from gpuclusters.server.runtime import Runtime
@@ -33,6 +35,13 @@ async def heartbeat(
     ):
         raise AuthenticationError("unknown node or bad agent token")
     node.last_heartbeat_at = utcnow()
+    if body.telemetry is not None:
+        try:
+            samples = [GpuSample.from_dict(d) for d in body.telemetry]
+        except (KeyError, TypeError, ValueError):
+            samples = []  # an agent's bad sample never fails its heartbeat
+        # The server's clock: hosts' clocks may differ, the charts' axis may not.
+        rt.telemetry.record(node.id, time.time(), samples)
     if body.gpu_backend:
         node.gpu_backend = body.gpu_backend
     # Findings count from a node that runs (a booting or repairing node's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -9,6 +11,7 @@ from gpuclusters.core import models as api
 from gpuclusters.core.enums import ProjectRole
 from gpuclusters.core.errors import NotFoundError
 from gpuclusters.server.db.models import Cluster, Node, NodeEvent, Project
+from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import node_views
@@ -57,9 +60,9 @@ async def list_nodes(
     return await node_views(session, nodes, clusters=clusters)
 
 
-async def get_node(
+async def _node_named(
     session: AsyncSession, *, principal: Principal, project_name: str, name: str
-) -> api.Node:
+) -> Node:
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.EDITOR
     )
@@ -71,8 +74,23 @@ async def get_node(
     )
     if node is None:
         raise NotFoundError(f"node {name!r} not found in project {project.name!r}", field="name")
+    return node
+
+
+async def get_node(
+    session: AsyncSession, *, principal: Principal, project_name: str, name: str
+) -> api.Node:
+    node = await _node_named(session, principal=principal, project_name=project_name, name=name)
     clusters = await _clusters(session, {node.cluster_id})
     return (await node_views(session, [node], clusters=clusters))[0]
+
+
+async def telemetry(
+    session: AsyncSession, *, rt: Runtime, principal: Principal, project_name: str, name: str
+) -> dict[str, Any]:
+    """The node's recent GPU samples (core.telemetry), as chart columns."""
+    node = await _node_named(session, principal=principal, project_name=project_name, name=name)
+    return rt.telemetry.series(node.id)
 
 
 async def live_node(
