@@ -117,6 +117,26 @@ def test_sign_in_create_watch_scale_delete_sign_out(
         expect(page.locator("#cluster h1 .status")).to_have_text("ready", timeout=60_000)
         assert page.evaluate("window.__stillTheSamePage") is True
 
+        # Configure: a bad prolog gets the API's message; a good one is saved.
+        page.fill("#prolog", "echo no interpreter line")
+        page.click("#configure button[type=submit]")
+        expect(page.locator("p.error")).to_contain_text("must start with an interpreter line")
+        page.fill("#repair_automatic", "*")
+        page.fill("#repair_max_wait_s", "0")
+        page.fill("#prolog", "#!/bin/bash\necho prolog")
+        page.click("#configure button[type=submit]")
+        expect(page.locator("p.error")).to_have_count(0)
+        with server.client() as api:
+            saved = api.get("/v1/projects/default/clusters/web1").json()
+        assert saved["repair"]["automatic"] == ["*"] and saved["repair"]["max_wait_s"] == 0
+        assert saved["slurm"]["prolog"] == "#!/bin/bash\necho prolog"
+
+        # The fleet page (organization admins): the hosts and their nodes.
+        page.click("#fleet-link")
+        expect(page.locator("#hosts tbody tr")).not_to_have_count(0)
+        expect(page.locator("#hosts")).to_contain_text("web1/")
+        expect(page.locator("#usage")).to_contain_text("default")
+
         # The overview lists it, with its GPUs.
         page.goto(f"{server.url}/")
         row = page.locator('#clusters tr[data-cluster="web1"]')
@@ -138,6 +158,9 @@ def test_sign_in_create_watch_scale_delete_sign_out(
         expect(editor.locator("#cluster h1")).to_contain_text("web1")
         assert editor.locator("#delete-button").count() == 0
         assert editor.locator("#scale").count() == 0
+        assert editor.locator("#configure").count() == 0
+        assert editor.locator("#fleet-link").count() == 0
+        assert editor.request.get(f"{server.url}/fleet").status == 403
         headers = editor.locator("body").get_attribute("hx-headers") or ""
         csrf = re.search(r'"X-CSRF-Token": "([^"]+)"', headers)
         assert csrf, headers
@@ -206,6 +229,14 @@ def test_node_page_on_the_embedded_fleet(
         expect(page.locator('.chart[data-metric="utilization_pct"]')).to_have_attribute(
             "data-points", re.compile(r"^([2-9]|\d\d+)$"), timeout=30_000
         )
+        page.evaluate("window.__stillTheSamePage = true")
+        # Its cluster's kubeconfig, downloaded as a file.
+        page.goto(f"{server.url}/projects/default/clusters/c1")
+        with page.expect_download() as download:
+            page.click("#kubeconfig button")
+        kubeconfig = Path(download.value.path()).read_text()
+        assert "current-context:" in kubeconfig and "client-certificate-data" in kubeconfig
+        page.goto(f"{server.url}/projects/default/nodes/{victim}")
         page.evaluate("window.__stillTheSamePage = true")
 
         # A health check from the page; its result shows up by itself.

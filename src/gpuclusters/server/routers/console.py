@@ -40,7 +40,16 @@ from gpuclusters.core.errors import (
 from gpuclusters.core.health.catalog import ACTIVE_CHECKS
 from gpuclusters.server.deps import RuntimeDep, SessionDep
 from gpuclusters.server.errors import validation_error
-from gpuclusters.server.services import clusters, health, nodes, tenancy
+from gpuclusters.server.services import (
+    capacity,
+    catalog,
+    clusters,
+    credentials,
+    health,
+    nodes,
+    tenancy,
+    usage,
+)
 from gpuclusters.server.services import console as sessions
 from gpuclusters.server.services.console import SignedIn
 
@@ -399,3 +408,91 @@ async def create_cluster(
         return _page(request, "new_cluster.html", who, status_code=422, project=project,
                      error=error, form=form)  # fmt: skip
     return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+
+
+@router.post("/projects/{project}/clusters/{name}/configure")
+async def configure_cluster(
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+    repair_automatic: Annotated[str, Form()] = "",
+    repair_max_wait_s: Annotated[str, Form()] = "",
+    prolog: Annotated[str | None, Form()] = None,
+    epilog: Annotated[str | None, Form()] = None,
+) -> Response:
+    """The repair policy, and a Slurm cluster's prolog and epilog (the
+    rest of its Slurm settings are kept as they are)."""
+    sessions.check_csrf(who, csrf_token)
+    current = await clusters.get_cluster(
+        session, principal=who.principal, project_name=project, name=name
+    )
+    repair = current.repair or api.RepairSettings()
+    update: dict[str, Any] = {
+        "repair": {
+            **repair.model_dump(),
+            "automatic": [k.strip() for k in repair_automatic.split(",") if k.strip()],
+            "max_wait_s": repair_max_wait_s or repair.max_wait_s,
+        }
+    }
+    if current.slurm is not None:
+        # Browsers send CRLF line ends; scripts run with LF.
+        update["slurm"] = {
+            **current.slurm.model_dump(),
+            "prolog": (prolog or "").replace("\r\n", "\n") or None,
+            "epilog": (epilog or "").replace("\r\n", "\n") or None,
+        }
+    try:
+        body = api.ClusterUpdate.model_validate(update)
+        await clusters.update_cluster(
+            session, rt=rt, principal=who.principal, project_name=project, name=name, body=body
+        )
+    except pydantic.ValidationError as exc:
+        error = validation_error(RequestValidationError(exc.errors(include_url=False)))
+        return RedirectResponse(_with_error(project, name, error.message), status_code=303)
+    except (ValidationError, ConflictError) as exc:
+        return RedirectResponse(_with_error(project, name, exc.message), status_code=303)
+    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+
+
+@router.post("/projects/{project}/clusters/{name}/kubeconfig")
+async def download_kubeconfig(
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    csrf_token: Annotated[str, Form()] = "",
+) -> Response:
+    """A kubeconfig for the signed-in user (a POST: it issues a client
+    certificate, as ``gpuclusters clusters credentials`` does)."""
+    sessions.check_csrf(who, csrf_token)
+    creds = await credentials.cluster_credentials(
+        session, rt=rt, principal=who.principal, project_name=project, cluster_name=name,
+        context_name=None,
+    )  # fmt: skip
+    return Response(
+        creds.kubeconfig,
+        media_type="application/yaml",
+        headers={"Content-Disposition": f'attachment; filename="{name}.kubeconfig"'},
+    )
+
+
+@router.get("/fleet", response_class=HTMLResponse)
+async def fleet_page(
+    request: Request, session: SessionDep, who: SignedInDep, rt: RuntimeDep
+) -> HTMLResponse:
+    """Hosts, capacity windows and usage per project (organization admins;
+    the services refuse anyone else)."""
+    p = who.principal
+    hosts = await catalog.list_hosts(session, principal=p)
+    windows = await capacity.list_capacity(session, principal=p, project=None)
+    reports = [
+        await usage.usage_report(
+            session, rt=rt, principal=p, project_name=proj.name, since=None, until=None
+        )
+        for proj in await tenancy.list_projects(session, principal=p)
+    ]
+    return _page(request, "fleet.html", who, hosts=hosts, capacity=windows, reports=reports)
