@@ -189,10 +189,12 @@ def announcement(settings: Settings) -> str:
     """What ``gpuclusters up`` tells a new user once the server is ready."""
     home = settings.home
     env = "" if home == Settings().home else f"GPUCLUSTERS_HOME={home} "
+    console_url = settings.tls_url if settings.tls_enabled else settings.public_url
     return (
         f"\ngpuclusters is up at {settings.public_url} (provider {settings.provider}).\n"
         f"{_tls_announcement(settings)}"
         f"Your admin API key and the URL are in {home / 'config.toml'}; the CLI reads them.\n"
+        f"The web console: open {console_url}/ in a browser and sign in with that key.\n"
         "Next, in another terminal:\n"
         f"  {env}gpuclusters clusters create demo --type slurm --gpus 16 --wait\n"
         f"  {env}gpuclusters clusters ssh demo -- sinfo\n"

@@ -199,6 +199,12 @@ async def cluster_page(
     events = await nodes.list_events(
         session, principal=who.principal, project_name=project, cluster=name, node=None
     )
+    open_alerts: dict[str, int] = {}
+    for a in await health.list_alerts(
+        session, principal=who.principal, project_name=project, cluster=name,
+        include_resolved=False,
+    ):  # fmt: skip
+        open_alerts[a.node] = open_alerts.get(a.node, 0) + 1
     return _page(
         request,
         "cluster.html",
@@ -206,6 +212,7 @@ async def cluster_page(
         project=project,
         cluster=view,
         events=events[:30],
+        open_alerts=open_alerts,
         can_admin=_is_admin(
             who, project, await tenancy.list_projects(session, principal=who.principal)
         ),
@@ -388,9 +395,18 @@ async def create_cluster(
     cluster_type: Annotated[str, Form()] = "kubernetes",
     num_gpus: Annotated[str, Form()] = "",
     gpu_type: Annotated[str, Form()] = "",
+    num_preemptible_gpus: Annotated[str, Form()] = "",
+    volume_size_tib: Annotated[str, Form()] = "",
 ) -> Response:
     sessions.check_csrf(who, csrf_token)
-    form = {"name": name, "cluster_type": cluster_type, "num_gpus": num_gpus, "gpu_type": gpu_type}
+    form = {
+        "name": name,
+        "cluster_type": cluster_type,
+        "num_gpus": num_gpus,
+        "gpu_type": gpu_type,
+        "num_preemptible_gpus": num_preemptible_gpus,
+        "volume_size_tib": volume_size_tib,
+    }
     try:
         # The API's own model validates: the same rules and messages.
         body = api.ClusterCreate.model_validate(
