@@ -154,6 +154,8 @@ def test_sign_in_create_watch_scale_delete_sign_out(
     editor = browser.new_context().new_page()
     with screenshot_on_failure(editor, tmp_path / "editor.png"):
         sign_in(editor, server.url, eve)
+        expect(editor.locator('#clusters tr[data-cluster="web1"]')).to_have_count(1)
+        assert editor.locator("#new-cluster-default").count() == 0
         editor.goto(f"{server.url}/projects/default/clusters/web1")
         expect(editor.locator("#cluster h1")).to_contain_text("web1")
         assert editor.locator("#delete-button").count() == 0

@@ -31,6 +31,15 @@ def test_history_is_bounded_ordered_and_columnar() -> None:
     assert len(h) == 0
 
 
+def test_nodes_not_heard_from_are_forgotten() -> None:
+    h = TelemetryHistory(forget_after_s=100)
+    h.record("gone", 0.0, [_s(0, 1)])
+    h.record("alive", 50.0, [_s(0, 1)])
+    h.record("alive", 120.0, [_s(0, 2)])
+    assert h.series("gone")["t"] == [] and h.series("alive")["t"] == [50.0, 120.0]
+    assert len(h) == 1
+
+
 def test_sample_from_a_heartbeat() -> None:
     d = {"index": 2, "utilization_pct": 51, "memory_used_gib": "40.5", "temperature_c": 60}
     assert GpuSample.from_dict(d) == GpuSample(2, 51.0, 40.5, 60.0)

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_SAMPLES = 360
+# A node not heard from for this long (deleted, or its host gone) is
+# forgotten, so the history stays bounded in nodes too, not only per node.
+FORGET_AFTER_S = 3600.0
 METRICS = ("utilization_pct", "memory_used_gib", "temperature_c")
 
 
@@ -40,15 +43,24 @@ class GpuSample:
 class TelemetryHistory:
     """The last ``max_samples`` heartbeats' GPU samples of every node."""
 
-    def __init__(self, max_samples: int = MAX_SAMPLES) -> None:
+    def __init__(
+        self, max_samples: int = MAX_SAMPLES, forget_after_s: float = FORGET_AFTER_S
+    ) -> None:
         self.max_samples = max_samples
+        self.forget_after_s = forget_after_s
         self._nodes: dict[str, deque[tuple[float, tuple[GpuSample, ...]]]] = {}
+        self._swept_at = 0.0
 
     def record(self, node_id: str, at: float, samples: list[GpuSample]) -> None:
         history = self._nodes.setdefault(node_id, deque(maxlen=self.max_samples))
         if history and at <= history[-1][0]:
             return  # a repeated or reordered heartbeat adds nothing
         history.append((at, tuple(sorted(samples, key=lambda s: s.index))))
+        if at - self._swept_at >= self.forget_after_s / 10:
+            self._swept_at = at
+            cutoff = at - self.forget_after_s
+            for stale in [n for n, h in self._nodes.items() if h[-1][0] < cutoff]:
+                del self._nodes[stale]
 
     def forget(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
