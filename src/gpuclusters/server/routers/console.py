@@ -16,6 +16,7 @@ API's own words.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -34,7 +35,6 @@ from gpuclusters.core.errors import (
     ConflictError,
     GpuClustersError,
     NotFoundError,
-    PermissionDeniedError,
     ValidationError,
 )
 from gpuclusters.core.health.catalog import ACTIVE_CHECKS
@@ -240,23 +240,35 @@ async def scale_cluster(
 ) -> Response:
     sessions.check_csrf(who, csrf_token)
     fields = {"num_gpus": num_gpus, "num_preemptible_gpus": num_preemptible_gpus}
-    try:
+
+    async def scale() -> None:
         body = api.ClusterUpdate.model_validate({k: v for k, v in fields.items() if v != ""})
         await clusters.update_cluster(
             session, rt=rt, principal=who.principal, project_name=project, name=name, body=body
         )
+
+    return await _act(scale, lambda error: _cluster_url(project, name, error))
+
+
+async def _act(
+    action: Callable[[], Awaitable[None]], back: Callable[[str | None], str]
+) -> Response:
+    """Run a form's action, then back to its page: with the reason when the
+    input or the state refused it (in the API's words). Authentication and
+    permission errors are not caught: they answer as the API does."""
+    try:
+        await action()
     except pydantic.ValidationError as exc:
         error = validation_error(RequestValidationError(exc.errors(include_url=False)))
-        return RedirectResponse(_with_error(project, name, error.message), status_code=303)
-    except GpuClustersError as exc:
-        if isinstance(exc, PermissionDeniedError | NotFoundError | AuthenticationError):
-            raise
-        return RedirectResponse(_with_error(project, name, exc.message), status_code=303)
-    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+        return RedirectResponse(back(error.message), status_code=303)
+    except (ValidationError, ConflictError) as exc:
+        return RedirectResponse(back(exc.message), status_code=303)
+    return RedirectResponse(back(None), status_code=303)
 
 
-def _with_error(project: str, name: str, message: str) -> str:
-    return f"/projects/{project}/clusters/{name}?{urlencode({'error': message})}"
+def _cluster_url(project: str, name: str, error: str | None = None) -> str:
+    query = f"?{urlencode({'error': error})}" if error else ""
+    return f"/projects/{project}/clusters/{name}{query}"
 
 
 @router.post("/projects/{project}/clusters/{name}/delete")
@@ -276,7 +288,7 @@ async def delete_cluster(
         session, rt=rt, principal=who.principal, project_name=project, name=name,
         delete_volume=volume == "delete",
     )  # fmt: skip
-    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+    return RedirectResponse(_cluster_url(project, name), status_code=303)
 
 
 @router.get("/projects/{project}/nodes/{name}", response_class=HTMLResponse)
@@ -342,7 +354,8 @@ async def run_health_check(
 ) -> Response:
     sessions.check_csrf(who, csrf_token)
     node = await nodes.get_node(session, principal=who.principal, project_name=project, name=name)
-    try:
+
+    async def run() -> None:
         body = api.HealthRunCreate.model_validate(
             {"check": check, "node": name, "duration_s": duration_s}
         )
@@ -350,12 +363,8 @@ async def run_health_check(
             session, rt=rt, principal=who.principal, project_name=project,
             cluster_name=node.cluster, body=body,
         )  # fmt: skip
-    except pydantic.ValidationError as exc:
-        error = validation_error(RequestValidationError(exc.errors(include_url=False)))
-        return RedirectResponse(_node_url(project, name, error.message), status_code=303)
-    except (ValidationError, ConflictError) as exc:
-        return RedirectResponse(_node_url(project, name, exc.message), status_code=303)
-    return RedirectResponse(_node_url(project, name), status_code=303)
+
+    return await _act(run, lambda error: _node_url(project, name, error))
 
 
 @router.post("/projects/{project}/repairs/{repair_id}/{verdict}")
@@ -423,7 +432,7 @@ async def create_cluster(
         error = validation_error(RequestValidationError(exc.errors(include_url=False))).to_dict()
         return _page(request, "new_cluster.html", who, status_code=422, project=project,
                      error=error, form=form)  # fmt: skip
-    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+    return RedirectResponse(_cluster_url(project, name), status_code=303)
 
 
 @router.post("/projects/{project}/clusters/{name}/configure")
@@ -460,17 +469,14 @@ async def configure_cluster(
             "prolog": (prolog or "").replace("\r\n", "\n") or None,
             "epilog": (epilog or "").replace("\r\n", "\n") or None,
         }
-    try:
+
+    async def save() -> None:
         body = api.ClusterUpdate.model_validate(update)
         await clusters.update_cluster(
             session, rt=rt, principal=who.principal, project_name=project, name=name, body=body
         )
-    except pydantic.ValidationError as exc:
-        error = validation_error(RequestValidationError(exc.errors(include_url=False)))
-        return RedirectResponse(_with_error(project, name, error.message), status_code=303)
-    except (ValidationError, ConflictError) as exc:
-        return RedirectResponse(_with_error(project, name, exc.message), status_code=303)
-    return RedirectResponse(f"/projects/{project}/clusters/{name}", status_code=303)
+
+    return await _act(save, lambda error: _cluster_url(project, name, error))
 
 
 @router.post("/projects/{project}/clusters/{name}/kubeconfig")
