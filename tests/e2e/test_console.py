@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import playwright.sync_api as playwright_api
 import pytest
 
 if TYPE_CHECKING:
     from conftest import ServerHandle, Servers
 
 CHROMIUM = shutil.which("chromium")
-playwright_api = pytest.importorskip("playwright.sync_api")
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="run scripts/setup first (Debian's chromium)"),

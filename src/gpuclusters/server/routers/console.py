@@ -213,14 +213,12 @@ async def cluster_page(
         cluster=view,
         events=events[:30],
         open_alerts=open_alerts,
-        can_admin=_is_admin(
-            who, project, await tenancy.list_projects(session, principal=who.principal)
-        ),
+        can_admin=_is_admin(project, await tenancy.list_projects(session, principal=who.principal)),
         error=request.query_params.get("error"),
     )
 
 
-def _is_admin(who: SignedIn, project: str, projects: list[api.Project]) -> bool:
+def _is_admin(project: str, projects: list[api.Project]) -> bool:
     """Whether the page shows the project admin's buttons (the services
     check the role again on every action)."""
     return any(p.name == project and p.role == ProjectRole.ADMIN for p in projects)
@@ -228,7 +226,6 @@ def _is_admin(who: SignedIn, project: str, projects: list[api.Project]) -> bool:
 
 @router.post("/projects/{project}/clusters/{name}/scale")
 async def scale_cluster(
-    request: Request,
     project: str,
     name: str,
     session: SessionDep,
@@ -321,7 +318,7 @@ async def node_page(
         repairs=[r for r in repairs if r.node == name][:20],
         runs=[r for r in runs if r.node == name][:20],
         checks=ACTIVE_CHECKS,
-        can_admin=_is_admin(who, project, projects),
+        can_admin=_is_admin(project, projects),
         error=request.query_params.get("error"),
     )
 
