@@ -1,24 +1,45 @@
-"""Control-plane throughput on the fake provider.
+"""Control-plane throughput, latency and idle cost on the fake provider.
 
-Starts the real server (subprocess, fresh home, SQLite or PostgreSQL via
-``--database-url``) with a generated fleet, boot delay 0, then creates
-``--clusters`` clusters of ``--nodes`` nodes each, concurrently, and prints:
+For each database in ``--db`` (SQLite, and a throwaway PostgreSQL started for
+the run), it starts the real server (``gpuclusters server --provider fake``,
+fresh home, boot delay 0) over a generated fleet of ``--hosts`` hosts and:
 
-* API latency of the create calls (p50 / p95 / max),
-* time from the first create to every cluster ``ready``,
-* the same for deleting them all.
+1. **create**: creates ``--clusters`` clusters of ``--nodes`` nodes each through
+   the API, ``--concurrency`` requests at a time; prints the API latency of the
+   creates and the time until every cluster is ``ready`` with every node
+   ``running`` (nodes/s);
+2. **idle**: CPU of each server process over ``--idle-s`` seconds with the whole
+   fleet running (from ``/proc/<pid>/stat``; 100% = one core);
+3. **API latency**: ``clusters get``, ``clusters list`` and ``nodes list`` (first
+   page, the default limit) at ``--rate`` requests/s in total for
+   ``--latency-s`` seconds, open loop (requests start on schedule whether or not
+   earlier ones finished); p50 / p99 / max per endpoint;
+4. **one-node change**: scales one cluster up by one node and times it until
+   the new node runs and the cluster is ``ready`` again;
+5. **delete**: deletes every cluster and times it until no live cluster or
+   node is left (nodes/s).
+
+Readiness is read from the database itself (a count per status every 0.2 s),
+so the watching adds no API load.  ``--replicas 2`` starts two servers on the
+same home and database (PostgreSQL only; see docs/ha.md) and sends the creates
+to them in turn; ``--kill`` then kills the second with SIGKILL halfway through
+the creates and prints how long the survivor takes to finish the work.
 
 The fake provider makes nodes instantly, so the figures are the control
 plane's own cost: API, database, placement and reconcilers.
 
-    .venv/bin/python bench/control_plane.py --clusters 20 --nodes 4
+    .venv/bin/python bench/control_plane.py --hosts 10000 --clusters 1000 --nodes 10
+    .venv/bin/python bench/control_plane.py --db postgresql --replicas 2 --kill \\
+        --hosts 1000 --clusters 100 --nodes 10
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import random
 import signal
 import socket
 import statistics
@@ -27,9 +48,18 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.postgres import PostgresServer
+
+PROJECT_PATH = "/v1/projects/default"
 
 
 def free_port() -> int:
@@ -43,101 +73,372 @@ def write_fleet(path: Path, hosts: int) -> None:
     for i in range(hosts):
         island = f"ib-{i // 32}"
         lines.append(
-            f"  - {{name: h{i:04d}, gpu_type: H100_SXM, region: local-1, ib_island: {island}}}"
+            f"  - {{name: h{i:05d}, gpu_type: H100_SXM, region: local-1, ib_island: {island}}}"
         )
     path.write_text("\n".join(lines) + "\n")
 
 
-async def run(args: argparse.Namespace) -> None:
-    home = Path(tempfile.mkdtemp(prefix="gpuc-bench-"))
-    fleet = home / "fleet.yaml"
-    write_fleet(fleet, args.clusters * args.nodes)
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    return (
+        f"p50={statistics.median(values) * 1000:.1f} ms "
+        f"p99={pct(values, 0.99) * 1000:.1f} ms max={max(values) * 1000:.1f} ms "
+        f"(n={len(values)})"
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its reaped children, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Replica:
+    index: int
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    alive: bool = True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def server_pid(self) -> int:
+        """The server's pid (under py-spy, its child)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        kids = children.read_text().split() if children.exists() else []
+        with contextlib.suppress(OSError):
+            if "py-spy" in Path(f"/proc/{self.proc.pid}/cmdline").read_text() and kids:
+                return int(kids[0])
+        return self.proc.pid
+
+
+@dataclass
+class Fleet:
+    """The servers of one run and the database they share."""
+
+    home: Path
+    database_url: str
+    replicas: list[Replica] = field(default_factory=list)
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.alive]
+
+
+@contextlib.contextmanager
+def database(kind: str, home: Path) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite+aiosqlite:///{home / 'gpuclusters.db'}"
+        return
+    server = PostgresServer()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def start_replica(fleet: Fleet, index: int, hosts_file: Path, profile: str | None) -> Replica:
     port = free_port()
     env = dict(
         os.environ,
-        GPUCLUSTERS_HOME=str(home),
-        GPUCLUSTERS_FLEET_FILE=str(fleet),
+        GPUCLUSTERS_HOME=str(fleet.home),
+        GPUCLUSTERS_FLEET_FILE=str(hosts_file),
         GPUCLUSTERS_FAKE_BOOT_DELAY_S="0",
-        GPUCLUSTERS_RECONCILE_INTERVAL_S="1",
+        GPUCLUSTERS_DATABASE_URL=fleet.database_url,
     )
-    if args.database_url:
-        env["GPUCLUSTERS_DATABASE_URL"] = args.database_url
     exe = Path(sys.executable).parent / "gpuclusters"
-    # Blocking calls before any timing starts: harmless in an async function.
-    log = open(home / "server.log", "w")  # noqa: SIM115, ASYNC230 (closed below)
-    proc = subprocess.Popen(  # noqa: ASYNC220
-        [str(exe), "server", "--provider", "fake", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            for _ in range(300):
-                try:
-                    if (await c.get("/healthz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
-            key = tomllib.loads((home / "config.toml").read_text())["api_key"]
-            c.headers["Authorization"] = f"Bearer {key}"
-            p = "/v1/projects/default/clusters"
-            names = [f"b{i:03d}" for i in range(args.clusters)]
+    cmd = [str(exe), "server", "--provider", "fake", "--port", str(port)]
+    if profile:
+        spy = Path(sys.executable).parent / "py-spy"
+        cmd = [str(spy), "record", "--format", "raw", "-r", "50", "-o", profile, "--", *cmd]
+    log = fleet.home / f"server-{index}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return Replica(index=index, port=port, proc=proc, log=log)
 
-            async def create(name: str) -> float:
-                t = time.perf_counter()
-                r = await c.post(
-                    p, json={"name": name, "cluster_type": "slurm", "num_gpus": 8 * args.nodes}
-                )
+
+async def wait_healthy(replica: Replica, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    async with httpx.AsyncClient(base_url=replica.url, timeout=5) as c:
+        while time.monotonic() < deadline:
+            if replica.proc.poll() is not None:
+                raise SystemExit(f"server {replica.index} exited; see {replica.log}")
+            with contextlib.suppress(httpx.TransportError):
+                if (await c.get("/healthz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"server {replica.index} not healthy after {limit_s} s; see {replica.log}")
+
+
+async def counts(engine: AsyncEngine) -> tuple[dict[str, int], dict[str, int]]:
+    """Live clusters per status and live nodes per phase."""
+    async with engine.connect() as conn:
+        cl = await conn.execute(
+            text("SELECT status, count(*) FROM clusters WHERE deleted_at IS NULL GROUP BY status")
+        )
+        nd = await conn.execute(
+            text("SELECT phase, count(*) FROM nodes WHERE deleted_at IS NULL GROUP BY phase")
+        )
+        return {str(s): int(n) for s, n in cl}, {str(p): int(n) for p, n in nd}
+
+
+async def wait_counts(engine: AsyncEngine, clusters: int, nodes: int, limit_s: float) -> float:
+    """Seconds until exactly `clusters` live clusters, all ready, and `nodes`
+    live nodes, all running (0 and 0: everything gone)."""
+    t = time.perf_counter()
+    last = ""
+    while time.perf_counter() - t < limit_s:
+        cl, nd = await counts(engine)
+        ok_c = sum(cl.values()) == clusters and cl.get("ready", 0) == clusters
+        ok_n = sum(nd.values()) == nodes and nd.get("running", 0) == nodes
+        if ok_c and ok_n:
+            return time.perf_counter() - t
+        state = f"clusters {cl} nodes {nd}"
+        if state != last:
+            print(f"  ... {time.perf_counter() - t:6.1f} s  {state}", file=sys.stderr)
+            last = state
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"did not converge in {limit_s} s: {last}")
+
+
+class Api:
+    """Round robin over the live replicas; a request that meets a dead one
+    moves on to the next."""
+
+    def __init__(self, fleet: Fleet, key: str) -> None:
+        self.fleet = fleet
+        self.clients = {
+            r.index: httpx.AsyncClient(
+                base_url=r.url,
+                timeout=120,
+                headers={"Authorization": f"Bearer {key}"},
+                limits=httpx.Limits(max_connections=64),
+            )
+            for r in fleet.replicas
+        }
+        self.turn = 0
+
+    async def close(self) -> None:
+        for c in self.clients.values():
+            await c.aclose()
+
+    async def call(self, method: str, path: str, **kw: object) -> httpx.Response:
+        for _ in range(4):
+            live = self.fleet.live()
+            replica = live[self.turn % len(live)]
+            self.turn += 1
+            try:
+                return await self.clients[replica.index].request(method, path, **kw)  # type: ignore[arg-type]
+            except httpx.TransportError:
+                if replica.alive:
+                    raise
+        raise SystemExit(f"{method} {path}: no live replica answered")
+
+
+async def create_all(
+    api: Api, names: list[str], args: argparse.Namespace, kill: Replica | None
+) -> tuple[list[float], float | None]:
+    sem = asyncio.Semaphore(args.concurrency)
+    latencies: list[float] = []
+    started = 0
+    killed_at: float | None = None
+
+    async def create(name: str) -> None:
+        nonlocal started, killed_at
+        async with sem:
+            started += 1
+            if kill is not None and kill.alive and started > len(names) // 2:
+                kill.proc.send_signal(signal.SIGKILL)
+                kill.alive = False
+                killed_at = time.perf_counter()
+                print(f"  killed server {kill.index} (pid {kill.proc.pid})", file=sys.stderr)
+            body = {"name": name, "cluster_type": "slurm", "num_gpus": 8 * args.nodes}
+            t = time.perf_counter()
+            r = await api.call("POST", f"{PROJECT_PATH}/clusters", json=body)
+            # 409: the dead replica made it before it died (its answer was lost).
+            if r.status_code != 409:
                 r.raise_for_status()
-                return time.perf_counter() - t
+            latencies.append(time.perf_counter() - t)
 
-            async def wait_all(pred: str) -> None:
-                while True:
-                    listed = (await c.get(p)).json()
-                    if (
-                        pred == "ready"
-                        and all(x["status"] == "ready" for x in listed)
-                        and len(listed) == len(names)
-                    ):
-                        return
-                    if pred == "gone" and not listed:
-                        return
-                    await asyncio.sleep(0.05)
+    await asyncio.gather(*(create(n) for n in names))
+    return latencies, killed_at
+
+
+async def steady_latency(api: Api, names: list[str], rate: float, seconds: float) -> None:
+    endpoints = {
+        "clusters get": lambda: f"{PROJECT_PATH}/clusters/{random.choice(names)}",
+        "clusters list": lambda: f"{PROJECT_PATH}/clusters",
+        "nodes list": lambda: f"{PROJECT_PATH}/nodes",
+    }
+    samples: dict[str, list[float]] = {k: [] for k in endpoints}
+    kinds = list(endpoints)
+
+    async def one(kind: str) -> None:
+        t = time.perf_counter()
+        r = await api.call("GET", endpoints[kind]())
+        r.raise_for_status()
+        samples[kind].append(time.perf_counter() - t)
+
+    tasks = []
+    t0 = time.perf_counter()
+    total = int(rate * seconds)
+    for i in range(total):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(kinds[i % len(kinds)])))
+    await asyncio.gather(*tasks)
+    print(f"API latency at {rate:.0f} requests/s for {seconds:.0f} s:")
+    for kind in kinds:
+        print(f"  {kind:14s} {ms(samples[kind])}")
+
+
+async def idle_cpu(fleet: Fleet, seconds: float) -> None:
+    pids = {r.index: r.server_pid() for r in fleet.live()}
+    before = {i: cpu_seconds(p) for i, p in pids.items()}
+    t = time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - t
+    for i, pid in pids.items():
+        share = (cpu_seconds(pid) - before[i]) / wall * 100
+        print(f"idle CPU, server {i}: {share:.1f}% of a core over {wall:.0f} s")
+
+
+async def one_node_change(api: Api, engine: AsyncEngine, name: str, nodes: int) -> None:
+    t = time.perf_counter()
+    path = f"{PROJECT_PATH}/clusters/{name}"
+    r = await api.call("PATCH", path, json={"num_gpus": 8 * (nodes + 1)})
+    r.raise_for_status()
+    query = text(
+        "SELECT count(*) FROM nodes n JOIN clusters c ON c.id = n.cluster_id "
+        "WHERE c.name = :name AND c.deleted_at IS NULL AND n.deleted_at IS NULL "
+        "AND n.phase = 'running'"
+    )
+    while True:
+        async with engine.connect() as conn:
+            running = (await conn.execute(query, {"name": name})).scalar_one()
+        if running == nodes + 1:
+            break
+        await asyncio.sleep(0.01)
+    t_node = time.perf_counter() - t
+    # Polled on purpose: the figure is how soon a client sees it.
+    while (await api.call("GET", path)).json()["status"] != "ready":  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    t_ready = time.perf_counter() - t
+    print(
+        f"one-node scale-up: node running after {t_node * 1000:.0f} ms, "
+        f"cluster ready again after {t_ready * 1000:.0f} ms"
+    )
+
+
+async def delete_all(api: Api, names: list[str], concurrency: int) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def delete(name: str) -> None:
+        async with sem:
+            r = await api.call("DELETE", f"{PROJECT_PATH}/clusters/{name}")
+            if r.status_code != 404:
+                r.raise_for_status()
+
+    await asyncio.gather(*(delete(n) for n in names))
+
+
+async def run_db(kind: str, args: argparse.Namespace) -> None:
+    home = Path(tempfile.mkdtemp(prefix=f"gpuc-bench-{kind}-"))
+    hosts = args.hosts or args.clusters * args.nodes
+    hosts_file = home / "fleet.yaml"
+    write_fleet(hosts_file, hosts)
+    n_nodes = args.clusters * args.nodes
+    print(
+        f"== db={kind} hosts={hosts} clusters={args.clusters} nodes_each={args.nodes} "
+        f"({n_nodes} nodes) replicas={args.replicas}{' kill' if args.kill else ''}",
+        flush=True,
+    )
+    with database(kind, home) as url:
+        fleet = Fleet(home=home, database_url=url)
+        engine = create_async_engine(url)
+        api: Api | None = None
+        try:
+            for i in range(args.replicas):
+                profile = f"{args.profile}-{kind}-{i}.txt" if args.profile else None
+                fleet.replicas.append(start_replica(fleet, i, hosts_file, profile))
+                # The first one prepares the home and the database alone.
+                await wait_healthy(fleet.replicas[-1])
+            key = tomllib.loads((home / "config.toml").read_text())["api_key"]
+            api = Api(fleet, key)
+            names = [f"b{i:04d}" for i in range(args.clusters)]
+            victim = fleet.replicas[-1] if args.kill else None
 
             t0 = time.perf_counter()
-            lat = sorted(await asyncio.gather(*(create(n) for n in names)))
-            await wait_all("ready")
-            t_ready = time.perf_counter() - t0
+            latencies, killed_at = await create_all(api, names, args, victim)
+            t_sent = time.perf_counter() - t0
+            t_ready = t_sent + await wait_counts(engine, args.clusters, n_nodes, args.timeout)
+            print(f"create API latency: {ms(latencies)}; all sent after {t_sent:.1f} s")
+            print(f"all ready after {t_ready:.1f} s ({n_nodes / t_ready:.1f} nodes/s)")
+            if killed_at is not None:
+                print(f"survivor finished {time.perf_counter() - killed_at:.1f} s after the kill")
+
+            if not args.skip_steady:
+                await asyncio.sleep(5)  # let the last passes settle
+                await idle_cpu(fleet, args.idle_s)
+                await steady_latency(api, names, args.rate, args.latency_s)
+                await one_node_change(api, engine, names[0], args.nodes)
 
             t1 = time.perf_counter()
-            await asyncio.gather(*(c.delete(f"{p}/{n}") for n in names))
-            await wait_all("gone")
+            await delete_all(api, names, args.concurrency)
             t_gone = time.perf_counter() - t1
-
-        db = "postgresql" if args.database_url else "sqlite"
-        print(f"clusters={args.clusters} nodes_each={args.nodes} db={db}")
-        print(
-            f"create API latency: p50={statistics.median(lat) * 1000:.0f} ms "
-            f"p95={lat[int(0.95 * (len(lat) - 1))] * 1000:.0f} ms max={lat[-1] * 1000:.0f} ms"
-        )
-        n_nodes = args.clusters * args.nodes
-        print(f"all ready after {t_ready:.2f} s ({n_nodes / t_ready:.1f} nodes/s)")
-        print(f"all deleted after {t_gone:.2f} s")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-        log.close()
+            t_gone += await wait_counts(engine, 0, 0, args.timeout)
+            deleted = n_nodes + (0 if args.skip_steady else 1)
+            print(f"all deleted after {t_gone:.1f} s ({deleted / t_gone:.1f} nodes/s)", flush=True)
+        finally:
+            if api is not None:
+                await api.close()
+            await engine.dispose()
+            for r in fleet.live():
+                r.proc.send_signal(signal.SIGINT)
+            for r in fleet.replicas:
+                try:
+                    r.proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    r.proc.kill()
+                    r.proc.wait()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=0, help="fleet size (default: just enough)")
     ap.add_argument("--clusters", type=int, default=20)
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--database-url", default=None)
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument("--nodes", type=int, default=4, help="nodes per cluster")
+    ap.add_argument("--db", default="sqlite,postgresql", help="comma-separated: sqlite,postgresql")
+    ap.add_argument("--replicas", type=int, default=1, help="servers on one database")
+    ap.add_argument("--kill", action="store_true", help="SIGKILL the last replica mid-burst")
+    ap.add_argument("--concurrency", type=int, default=16, help="create/delete calls in flight")
+    ap.add_argument("--rate", type=float, default=50, help="requests/s for the latency phase")
+    ap.add_argument("--latency-s", type=float, default=30)
+    ap.add_argument("--idle-s", type=float, default=30)
+    ap.add_argument("--skip-steady", action="store_true", help="only create and delete")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds to wait per phase")
+    ap.add_argument("--profile", default=None, help="py-spy raw stacks to PREFIX-<db>-<i>.txt")
+    args = ap.parse_args()
+    kinds = [k.strip() for k in args.db.split(",") if k.strip()]
+    for k in kinds:
+        if k not in ("sqlite", "postgresql"):
+            ap.error(f"--db: unknown database {k!r} (sqlite, postgresql)")
+    if args.replicas > 1 and "sqlite" in kinds:
+        ap.error("--replicas > 1 needs --db postgresql (SQLite is one process's database)")
+    if args.kill and args.replicas < 2:
+        ap.error("--kill needs --replicas 2 or more")
+    for k in kinds:
+        asyncio.run(run_db(k, args))
 
 
 if __name__ == "__main__":

@@ -212,7 +212,8 @@ def test_login_by_ca_fingerprint_then_commands_run_over_tls(
     me = gpuclusters(home, "whoami", "--output", "json")
     assert me.returncode == 0, describe(me)
     assert json.loads(me.stdout)["user"] == "admin"
-    assert '"GET /v1/projects/default/clusters HTTP/1.1" 200' in server.log
+    # The CLI pages through the list (client/_session.get_all).
+    assert '"GET /v1/projects/default/clusters?limit=1000 HTTP/1.1" 200' in server.log
 
     # Another CA in GPUCLUSTERS_CA_FILE overrides the stored one, and fails.
     other = tmp_path / "other-ca.pem"

@@ -149,8 +149,32 @@ def test_query_parameters_and_project_switch(api: FakeApi, client: Client) -> No
     nodes = client.nodes.list("train", include_deleted=True)
 
     assert dict(api.requests[0].url.params) == {"delete_volume": "true"}
-    assert dict(api.requests[1].url.params) == {"cluster": "train", "include_deleted": "true"}
+    assert dict(api.requests[1].url.params) == {
+        "cluster": "train",
+        "include_deleted": "true",
+        "limit": "1000",
+    }
     assert nodes == [Node.model_validate(node_json("train-0"))]
+
+
+def test_lists_follow_every_page_and_one_page_can_be_asked_for(
+    api: FakeApi, client: Client
+) -> None:
+    path = "/v1/projects/default/nodes"
+    api.on(
+        "GET",
+        path,
+        httpx.Response(200, json=[node_json("a-0")], headers={"X-Next-Cursor": "c1"}),
+        httpx.Response(200, json=[node_json("a-1")], headers={"X-Next-Cursor": "c2"}),
+        ok([node_json("a-2")]),
+        httpx.Response(200, json=[node_json("a-0")], headers={"X-Next-Cursor": "c1"}),
+    )
+    assert [n.name for n in client.nodes.list()] == ["a-0", "a-1", "a-2"]
+    assert [dict(r.url.params).get("cursor") for r in api.requests] == [None, "c1", "c2"]
+
+    page = client.nodes.page(limit=1)
+    assert [n.name for n in page.items] == ["a-0"] and page.next_cursor == "c1"
+    assert dict(api.requests[-1].url.params) == {"limit": "1"}
 
 
 def test_optional_query_parameters_are_omitted(api: FakeApi, client: Client) -> None:

@@ -48,7 +48,7 @@ async def test_unverified_lost_node_is_left_to_the_rebuild(api: ApiHarness) -> N
         victim = (await s.scalars(select(Node).where(Node.deleted_at.is_(None)))).first()
     assert victim is not None
     await rt.provider.delete(victim.id)
-    rt.verified_nodes.discard(victim.id)  # as if this process had just started
+    rt.nodes_to_verify.add(victim.id)  # as if this process had just started
     assert await check_running_nodes(rt) == 0
     async with rt.sessionmaker() as s:
         assert (await s.get_one(Node, victim.id)).phase != "failed"

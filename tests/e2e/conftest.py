@@ -1,7 +1,7 @@
 """Fixtures for end-to-end tests: a real ``gpuclusters server`` subprocess.
 
 Each server gets its own ``GPUCLUSTERS_HOME`` (database, ``config.toml`` with
-the bootstrap admin key, and the fake provider's ``fake-provider.json``, which
+the bootstrap admin key, and the fake provider's ``fake-provider.sqlite``, which
 outlives the process like real VMs would) and a free port. A handle can be
 killed with SIGKILL, stopped with SIGINT and restarted on the same home and
 port; every server a test started is stopped in teardown, pass or fail.
@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuclusters.providers.fake.provider import read_instances, write_instances
 from support.processes import clean_env, console_script, free_port
 
 STARTUP_TIMEOUT_S = 30.0
@@ -60,6 +61,7 @@ class ServerHandle:
         boot_delay_s: float,
         provider: str = "fake",
         public_host: str | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.provider = provider
         self.home = home
@@ -96,6 +98,7 @@ class ServerHandle:
                 GPUCLUSTERS_REGISTRY_TOKEN_PORT=str(free_port()),
                 GPUCLUSTERS_REGISTRY_SYSTEM_IMAGES='["base", "pause"]',
             )
+        self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -208,19 +211,15 @@ class ServerHandle:
 
     @property
     def provider_file(self) -> Path:
-        return self.home / "fake-provider.json"
+        return self.home / "fake-provider.sqlite"
 
     def instances(self) -> dict[str, dict[str, Any]]:
         """The fake provider's instances by node id, as persisted on disk."""
-        try:
-            data = json.loads(self.provider_file.read_text())
-        except FileNotFoundError:
-            return {}
-        return dict(data.get("instances", {}))
+        return read_instances(self.provider_file)
 
     def write_instances(self, instances: dict[str, dict[str, Any]]) -> None:
         assert not self.running, "edit the provider's state only while the server is down"
-        self.provider_file.write_text(json.dumps({"instances": instances}, indent=1))
+        write_instances(self.provider_file, instances)
 
     def cli(
         self,
@@ -270,9 +269,13 @@ class Servers:
         start: bool = True,
         provider: str = "fake",
         public_host: str | None = None,
+        home: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> ServerHandle:
+        """A server on a home of its own, or on ``home`` (a replica beside
+        another server there: docs/ha.md); ``env`` adds settings."""
         n = len(self.handles)
-        home = self.root / f"home{n}"
+        home = home or self.root / f"home{n}"
         if public_host is None and provider in ("netns", "hosts"):
             public_host = test_gateway()
         handle = ServerHandle(
@@ -281,6 +284,7 @@ class Servers:
             boot_delay_s=boot_delay_s,
             provider=provider,
             public_host=public_host,
+            extra_env=env,
         )
         self.handles.append(handle)
         if start:

@@ -1,6 +1,6 @@
 """Crash safety of the control plane against a real server process.
 
-The fake provider keeps its instances in ``fake-provider.json``, so they
+The fake provider keeps its instances in ``fake-provider.sqlite``, so they
 survive ``kill -9`` of the server like real VMs: these tests kill the server
 in the middle of work, start it again on the same home, and check that the
 cluster converges with no duplicate or orphaned nodes.

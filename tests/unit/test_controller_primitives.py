@@ -25,6 +25,7 @@ from gpuclusters.server.db.migrate import upgrade_to_head
 from gpuclusters.server.db.models import (
     Cluster,
     ClusterPhase,
+    ControllerLease,
     Node,
     NodeEvent,
     Organization,
@@ -123,6 +124,50 @@ async def test_leases_of_dead_local_processes_are_freed(
         assert (await s.get_one(Node, nid)).lock_token is not None  # another machine's: kept
 
 
+async def test_named_lease_has_one_holder_until_it_expires_or_is_released(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    async with db() as s:
+        assert await leases.hold_named(s, "housekeeping", owner="a", ttl_s=30)
+    async with db() as s:
+        assert not await leases.hold_named(s, "housekeeping", owner="b", ttl_s=30)
+    async with db() as s:  # the holder renews
+        assert await leases.hold_named(s, "housekeeping", owner="a", ttl_s=30)
+    # Expired: the next claimant takes it and the old holder cannot renew.
+    async with db() as s:
+        await s.execute(update(ControllerLease).values(expires_at=utcnow() - timedelta(seconds=1)))
+        await s.commit()
+    async with db() as s:
+        assert await leases.hold_named(s, "housekeeping", owner="b", ttl_s=30)
+    async with db() as s:
+        assert not await leases.hold_named(s, "housekeeping", owner="a", ttl_s=30)
+    # Releasing by someone else changes nothing; by the holder frees it.
+    async with db() as s:
+        await leases.release_named(s, "housekeeping", owner="a")
+    async with db() as s:
+        assert not await leases.hold_named(s, "housekeeping", owner="c", ttl_s=30)
+    async with db() as s:
+        await leases.release_named(s, "housekeeping", owner="b")
+    async with db() as s:
+        assert await leases.hold_named(s, "housekeeping", owner="c", ttl_s=30)
+        rows = (await s.scalars(select(ControllerLease))).all()
+        assert [(r.name, r.owner) for r in rows] == [("housekeeping", "c")]
+
+
+async def test_named_leases_of_dead_local_processes_are_freed(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await proc.wait()
+    async with db() as s:
+        owner = f"{socket.gethostname()}:{proc.pid}:x"
+        assert await leases.hold_named(s, "housekeeping", owner=owner, ttl_s=300)
+    async with db() as s:
+        assert await leases.release_dead_owners(s) == 1
+    async with db() as s:
+        assert await leases.hold_named(s, "housekeeping", owner="b", ttl_s=30)
+
+
 async def test_events_are_deduplicated_by_node_and_reason(
     db: async_sessionmaker[AsyncSession],
 ) -> None:
@@ -158,7 +203,7 @@ async def test_phase_history_records_only_changes(db: async_sessionmaker[AsyncSe
 def _provider(tmp_path: Path, **kw: object) -> FakeNodeProvider:
     fleet = [HostSpec("h1", "H100_SXM", "r", "a"), HostSpec("h2", "H100_SXM", "r", "a")]
     return FakeNodeProvider(
-        FakeProviderConfig(fleet=fleet, state_file=tmp_path / "fake.json", **kw)
+        FakeProviderConfig(fleet=fleet, state_file=tmp_path / "fake.sqlite", **kw)
     )  # type: ignore[arg-type]
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpuclusters.core.capacity.placement import HostSlot, describe_free, place_nodes
+from gpuclusters.core.capacity.placement import (
+    HostSlot,
+    describe_counts,
+    describe_free,
+    place_nodes,
+    plan_islands,
+)
 from gpuclusters.core.errors import CapacityUnavailableError
 
 
@@ -73,3 +79,33 @@ def test_never_duplicates_and_respects_count(count: int) -> None:
         return
     assert len(got) == count == len(set(got))
     assert not {"a-03", "b-01"} & set(got)
+
+
+def test_island_plan_matches_host_placement() -> None:
+    # The SQL placement (db/allocation.py) plans with island counts; the
+    # plan must be the one place_nodes makes from the hosts themselves.
+    islands = {"ib-a": 3, "ib-b": 5, "ib-c": 2}
+    hosts = fleet(islands)
+    for count in range(0, 11):
+        for used in ((), ("ib-c",), ("ib-a", "ib-b", "ib-b")):
+            plan = plan_islands(islands, count, used)
+            placed = place_nodes(
+                hosts, count=count, gpu_type="H100_SXM", region="r1", used_islands=used
+            )
+            by_island: dict[str, int] = {}
+            for h in placed:
+                by_island[h.ib_island] = by_island.get(h.ib_island, 0) + 1
+            assert dict(plan) == by_island, (count, used)
+            assert sum(n for _, n in plan) == count
+
+
+def test_island_plan_places_what_is_free_when_short() -> None:
+    assert plan_islands({"ib-a": 1, "ib-b": 0}, 3) == [("ib-a", 1)]
+    assert plan_islands({}, 2) == []
+
+
+def test_describe_counts_names_what_is_free() -> None:
+    assert describe_counts({("H100_SXM", "r1"): 2, ("A100", "r2"): 0}) == (
+        "free now: 2 x H100_SXM in r1"
+    )
+    assert describe_counts({}) == "no hosts are free"

@@ -28,7 +28,16 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from gpuclusters.cli import context, kubefile, ssh_keys
-from gpuclusters.cli.context import OutputFormat, OutputOpt, ProjectOpt, api_command, open_client
+from gpuclusters.cli.context import (
+    CursorOpt,
+    LimitOpt,
+    OutputFormat,
+    OutputOpt,
+    ProjectOpt,
+    api_command,
+    note_next_page,
+    open_client,
+)
 from gpuclusters.cli.nodes import nodes_table
 from gpuclusters.cli.progress import WaitProgress
 from gpuclusters.cli.render import (
@@ -257,16 +266,28 @@ def create(
 
 @app.command("list")
 @api_command
-def list_(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
-    """List the project's clusters."""
+def list_(
+    *,
+    limit: LimitOpt = None,
+    cursor: CursorOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """List the project's clusters (every page, or one with --limit / --cursor)."""
     with open_client(project) as client:
-        clusters = client.clusters.list()
+        next_cursor = None
+        if limit is None and cursor is None:
+            clusters = client.clusters.list()
+        else:
+            page = client.clusters.page(limit=limit, cursor=cursor)
+            clusters, next_cursor = page.items, page.next_cursor
         emit(
             output,
             clusters,
             render=lambda: clusters_table(clusters),
             empty=f"no clusters in project {client.project}",
         )
+        note_next_page(next_cursor)
 
 
 @app.command("get")

@@ -57,6 +57,32 @@ ProjectOpt = Annotated[
 ]
 
 
+LimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        min=1,
+        max=1000,
+        show_default=False,
+        help="show one page of at most this many (default: every page)",
+    ),
+]
+CursorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cursor",
+        show_default=False,
+        help="start at this page (the cursor the previous page printed)",
+    ),
+]
+
+
+def note_next_page(next_cursor: str | None) -> None:
+    """Say how to get the next page (on stderr: stdout stays the list)."""
+    if next_cursor is not None:
+        stderr_console().print(f"more: --cursor {next_cursor}", style="dim", soft_wrap=True)
+
+
 def _default_client_factory(project: str | None) -> Client:
     return Client.from_config(project=project)
 

@@ -13,7 +13,16 @@ import typer
 from rich.console import RenderableType
 from rich.text import Text
 
-from gpuclusters.cli.context import OutputFormat, OutputOpt, ProjectOpt, api_command, open_client
+from gpuclusters.cli.context import (
+    CursorOpt,
+    LimitOpt,
+    OutputFormat,
+    OutputOpt,
+    ProjectOpt,
+    api_command,
+    note_next_page,
+    open_client,
+)
 from gpuclusters.cli.render import age, clock, details, emit, optional, state, table
 from gpuclusters.core.models import Node, NodeEvent
 
@@ -70,18 +79,28 @@ def list_(
         str | None, typer.Option("--cluster", help="only this cluster's nodes", show_default=False)
     ] = None,
     include_deleted: Annotated[bool, typer.Option("--all", help="include deleted nodes")] = False,
+    limit: LimitOpt = None,
+    cursor: CursorOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """List the project's nodes."""
+    """List the project's nodes (every page, or one with --limit / --cursor)."""
     with open_client(project) as client:
-        nodes = client.nodes.list(cluster, include_deleted=include_deleted)
+        next_cursor = None
+        if limit is None and cursor is None:
+            nodes = client.nodes.list(cluster, include_deleted=include_deleted)
+        else:
+            page = client.nodes.page(
+                cluster, include_deleted=include_deleted, limit=limit, cursor=cursor
+            )
+            nodes, next_cursor = page.items, page.next_cursor
         emit(
             output,
             nodes,
             render=lambda: nodes_table(nodes),
             empty=f"no nodes in project {client.project}",
         )
+        note_next_page(next_cursor)
 
 
 @app.command("get")

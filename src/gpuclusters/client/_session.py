@@ -41,6 +41,7 @@ from gpuclusters.core.errors import (
     ValidationError,
     error_from_dict,
 )
+from gpuclusters.core.paging import MAX_LIMIT, NEXT_CURSOR_HEADER, Page
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -240,6 +241,31 @@ class Session:
         params: Query | None = None,
     ) -> list[M]:
         return self.parse_list(self.request("GET", path, params=params), model)
+
+    def get_page(
+        self,
+        path: str,
+        model: type[M],
+        *,
+        params: Query | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[M]:
+        """One page of a paged list (``core/paging.py``) and the next cursor."""
+        query: dict[str, Any] = {**(params or {}), "limit": limit, "cursor": cursor}
+        response = self.request("GET", path, params=query)
+        return Page(self.parse_list(response, model), response.headers.get(NEXT_CURSOR_HEADER))
+
+    def get_all(self, path: str, model: type[M], *, params: Query | None = None) -> list[M]:
+        """Every item of a paged list, following the cursors page by page."""
+        items: list[M] = []
+        cursor: str | None = None
+        while True:
+            page = self.get_page(path, model, params=params, limit=MAX_LIMIT, cursor=cursor)
+            items += page.items
+            if page.next_cursor is None:
+                return items
+            cursor = page.next_cursor
 
     def send(
         self,

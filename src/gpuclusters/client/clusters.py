@@ -40,6 +40,7 @@ from gpuclusters.core.models import (
     SshCertificate,
     SshTarget,
 )
+from gpuclusters.core.paging import Page
 
 WaitGoal = Literal["ready", "deleted"]
 OnChange = Callable[[Cluster], None]
@@ -70,7 +71,14 @@ class ClustersAPI:
         )
 
     def list(self) -> builtins.list[Cluster]:
-        return self._s.get_list(self._s.project_path("clusters"), Cluster)
+        """Every live cluster of the project (all pages)."""
+        return self._s.get_all(self._s.project_path("clusters"), Cluster)
+
+    def page(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Cluster]:
+        """One page of clusters; pass ``next_cursor`` back for the next."""
+        return self._s.get_page(
+            self._s.project_path("clusters"), Cluster, limit=limit, cursor=cursor
+        )
 
     def get(self, name: str) -> Cluster:
         return self._s.get(self._s.project_path("clusters", name), Cluster)

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from gpuclusters.client._session import Session
 from gpuclusters.core.models import Node, NodeEvent, UsageReport
+from gpuclusters.core.paging import Page
 
 
 class NodesAPI:
@@ -21,11 +22,29 @@ class NodesAPI:
     def list(
         self, cluster: str | None = None, *, include_deleted: bool = False
     ) -> builtins.list[Node]:
-        """Nodes of the project, or of one cluster; deleted ones only on request."""
-        return self._s.get_list(
+        """Nodes of the project, or of one cluster; deleted ones only on
+        request (all pages)."""
+        return self._s.get_all(
             self._s.project_path("nodes"),
             Node,
             params={"cluster": cluster, "include_deleted": True if include_deleted else None},
+        )
+
+    def page(
+        self,
+        cluster: str | None = None,
+        *,
+        include_deleted: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Node]:
+        """One page of nodes; pass ``next_cursor`` back for the next."""
+        return self._s.get_page(
+            self._s.project_path("nodes"),
+            Node,
+            params={"cluster": cluster, "include_deleted": True if include_deleted else None},
+            limit=limit,
+            cursor=cursor,
         )
 
     def get(self, name: str) -> Node:

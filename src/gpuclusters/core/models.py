@@ -47,9 +47,15 @@ def check_name(value: str) -> str:
     return value
 
 
+MAX_GPUS = GPUS_PER_NODE * 10_000
+"""The most GPUs one request may name (10,000 nodes: a whole large fleet)."""
+
+
 def check_gpu_count(value: int, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"must be at least {minimum}, got {value}")
+    if value > MAX_GPUS:
+        raise ValueError(f"must be at most {MAX_GPUS}, got {value}")
     if value % GPUS_PER_NODE:
         raise ValueError(
             f"must be a multiple of {GPUS_PER_NODE} (one node = {GPUS_PER_NODE} GPUs), got {value}"
@@ -65,7 +71,38 @@ class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
-Name = Annotated[str, Field(min_length=1, max_length=40)]
+# The schema states the rules the validators enforce (the validators keep
+# their own, clearer messages): the OpenAPI document says what is accepted.
+Name = Annotated[
+    str, Field(min_length=1, max_length=40, json_schema_extra={"pattern": _NAME_RE.pattern})
+]
+GpuCount = Annotated[
+    int,
+    Field(
+        json_schema_extra={
+            "minimum": GPUS_PER_NODE,
+            "maximum": MAX_GPUS,
+            "multipleOf": GPUS_PER_NODE,
+        }
+    ),
+]
+"""A cluster's or reservation's GPUs: whole nodes, at least one."""
+OptionalGpuCount = Annotated[
+    int, Field(json_schema_extra={"minimum": 0, "maximum": MAX_GPUS, "multipleOf": GPUS_PER_NODE})
+]
+"""Preemptible GPUs: whole nodes, possibly none."""
+MAX_VOLUME_TIB = 100_000
+
+
+def check_size_tib(value: int) -> int:
+    if not 1 <= value <= MAX_VOLUME_TIB:
+        raise ValueError(
+            f"must be a whole number of TiB, at least 1 and at most {MAX_VOLUME_TIB}, got {value}"
+        )
+    return value
+
+
+SizeTib = Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_VOLUME_TIB})]
 
 
 # --- errors -------------------------------------------------------------------
@@ -126,7 +163,9 @@ def check_host_name(value: str) -> str:
     return value
 
 
-HostName = Annotated[str, Field(min_length=1, max_length=63)]
+HostName = Annotated[
+    str, Field(min_length=1, max_length=63, json_schema_extra={"pattern": _HOST_NAME_RE.pattern})
+]
 
 
 class HostJoinTokenCreate(_Model):
@@ -222,7 +261,7 @@ class CapacityCreate(_Model):
     kind: CapacityKind = CapacityKind.RESERVED
     gpu_type: str = "H100_SXM"
     region: str | None = None
-    num_gpus: int
+    num_gpus: GpuCount
     windows: list[TimeWindow] = Field(min_length=1, max_length=100)
 
     _name = field_validator("name", "project")(check_name)
@@ -299,7 +338,7 @@ class ApiKeyCreate(_Model):
     project: Name
     role: ProjectRole = ProjectRole.EDITOR
 
-    _user = field_validator("user")(check_name)
+    _user = field_validator("user", "project")(check_name)
 
 
 class ApiKeyCreated(_Out):
@@ -355,29 +394,19 @@ class WhoAmI(_Out):
 
 class VolumeCreate(_Model):
     name: Name
-    size_tib: int = Field(default=1, description="whole TiB, at least 1")
+    size_tib: SizeTib = Field(default=1, description="whole TiB, at least 1")
     region: str | None = None
     is_lifecycle_independent: bool = True
 
     _name = field_validator("name")(check_name)
 
-    @field_validator("size_tib")
-    @classmethod
-    def _size(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be a whole number of TiB, at least 1, got {v}")
-        return v
+    _size = field_validator("size_tib")(check_size_tib)
 
 
 class VolumeUpdate(_Model):
-    size_tib: int
+    size_tib: SizeTib
 
-    @field_validator("size_tib")
-    @classmethod
-    def _size(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be a whole number of TiB, at least 1, got {v}")
-        return v
+    _size = field_validator("size_tib")(check_size_tib)
 
 
 class Volume(_Out):
@@ -442,8 +471,8 @@ class ClusterCreate(_Model):
     name: Name
     cluster_type: ClusterType
     gpu_type: str = "H100_SXM"
-    num_gpus: int
-    num_preemptible_gpus: int = 0
+    num_gpus: GpuCount
+    num_preemptible_gpus: OptionalGpuCount = 0
     region: str | None = None
     billing_type: BillingType = BillingType.ON_DEMAND
     reservation_start: datetime | None = None
@@ -459,7 +488,7 @@ class ClusterCreate(_Model):
         "failing with capacity_unavailable",
     )
     volume: str | None = Field(default=None, description="attach an existing volume by name")
-    volume_size_tib: int | None = Field(default=None, description="create a new volume")
+    volume_size_tib: SizeTib | None = Field(default=None, description="create a new volume")
     cuda_version: str | None = None
     driver_version: str | None = None
     slurm: SlurmSettings | None = Field(default=None, description="Slurm clusters only")
@@ -484,9 +513,7 @@ class ClusterCreate(_Model):
     @field_validator("volume_size_tib")
     @classmethod
     def _vsize(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"must be a whole number of TiB, at least 1, got {v}")
-        return v
+        return None if v is None else check_size_tib(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -527,8 +554,8 @@ class ClusterCreate(_Model):
 class ClusterUpdate(_Model):
     """Scale and extend. Every field is optional; absent fields are unchanged."""
 
-    num_gpus: int | None = None
-    num_preemptible_gpus: int | None = None
+    num_gpus: GpuCount | None = None
+    num_preemptible_gpus: OptionalGpuCount | None = None
     reservation_end: datetime | None = None
     slurm: SlurmSettings | None = None
     repair: RepairSettings | None = None
@@ -696,6 +723,10 @@ class SshRequest(_Model):
 
 
 SSH_KEY_NAME_MAX = 128
+_SSH_KEY_NAME_RE = re.compile(
+    rf"^ *[\x21-\x7e]([\x20-\x7e]{{0,{SSH_KEY_NAME_MAX - 2}}}[\x21-\x7e])? *$"
+)
+SshKeyName = Annotated[str, Field(json_schema_extra={"pattern": _SSH_KEY_NAME_RE.pattern})]
 
 
 class SshKeyCreate(_Model):
@@ -703,19 +734,19 @@ class SshKeyCreate(_Model):
     what ``~/.ssh/id_ed25519.pub`` holds."""
 
     public_key: str = Field(description="'<type> <base64> [comment]'")
-    name: str | None = Field(
+    name: SshKeyName | None = Field(
         default=None, description="a label for the key (default: the key's comment)"
     )
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        v = v.strip()
-        if not v or len(v) > SSH_KEY_NAME_MAX or not v.isprintable():
-            raise ValueError(f"must be 1-{SSH_KEY_NAME_MAX} printable characters")
-        return v
+        if v is not None and not _SSH_KEY_NAME_RE.match(v):
+            raise ValueError(
+                f"must be 1-{SSH_KEY_NAME_MAX} printable ASCII characters "
+                "(spaces around them are dropped)"
+            )
+        return None if v is None else v.strip(" ")
 
 
 class SshKey(_Out):

@@ -55,7 +55,7 @@ def _make_fake(opts: ProviderOptions) -> NodeProvider:
     return FakeNodeProvider(
         FakeProviderConfig(
             fleet=fleet,
-            state_file=opts.home / "fake-provider.json",
+            state_file=opts.home / "fake-provider.sqlite",
             boot_delay_s=opts.fake_boot_delay_s,
             fail_hosts=opts.fake_fail_hosts,
         )

@@ -20,13 +20,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Counter, Histogram
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gpuclusters import __version__
 from gpuclusters.core.clientconfig import read_config, write_config
 from gpuclusters.core.models import API_VERSION
 from gpuclusters.providers.registry import ProviderOptions, make_provider
 from gpuclusters.providers.volumes import VolumeStore
-from gpuclusters.server import errors
+from gpuclusters.server import errors, openapi
 from gpuclusters.server.controllers.access import AccessSync
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.clusters import ClusterReconciler
@@ -60,6 +61,7 @@ from gpuclusters.server.security.tls import fingerprint, served_ca_file, server_
 from gpuclusters.server.services import tenancy
 from gpuclusters.server.services.catalog import sync_hosts
 from gpuclusters.server.settings import Settings, primary_address
+from gpuclusters.server.startup_lock import startup_lock
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,15 @@ async def _bootstrap_config(rt: Runtime) -> None:
 async def build_runtime(settings: Settings) -> Runtime:
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     engine = make_engine(settings.sqlalchemy_url)
+    # Replicas sharing the database and home prepare them one at a time.
+    async with startup_lock(engine, settings.home):
+        rt = await _prepare_runtime(settings, engine)
+    rt.registry = await start_registry(settings)
+    return rt
+
+
+async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
+    """Migrate, load the fleet and bootstrap (under the startup lock)."""
     await upgrade_to_head(engine)
     sessionmaker = make_sessionmaker(engine)
     hosts_pki = await asyncio.to_thread(ensure_hosts_pki, settings.home)
@@ -120,7 +131,6 @@ async def build_runtime(settings: Settings) -> Runtime:
     async with rt.sessionmaker() as session:
         await sync_hosts(session, await provider.hosts())
     await _bootstrap_config(rt)
-    rt.registry = await start_registry(settings)
     return rt
 
 
@@ -254,6 +264,7 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         lifespan=lifespan,
     )
     errors.install(app)
+    openapi.install(app)
 
     @app.middleware("http")
     async def _metrics(

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.server.runtime import Runtime
@@ -24,14 +25,18 @@ async def get_session(rt: Annotated[Runtime, Depends(get_runtime)]) -> AsyncIter
         yield session
 
 
+# Declared as a security scheme so that the OpenAPI document says which
+# operations need a key; a missing or malformed header is left to
+# `tenancy.authenticate`, which answers 401 in the API's error shape.
+bearer = HTTPBearer(auto_error=False, description="an API key")
+
+
 async def get_principal(
-    request: Request, session: Annotated[AsyncSession, Depends(get_session)]
+    session: Annotated[AsyncSession, Depends(get_session)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    return await tenancy.authenticate(
-        session, key=key.strip() if scheme.lower() == "bearer" else None
-    )
+    key = credentials.credentials.strip() if credentials is not None else None
+    return await tenancy.authenticate(session, key=key or None)
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

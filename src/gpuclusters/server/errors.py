@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuclusters.core import errors as e
+from gpuclusters.server import openapi
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,19 @@ def install(app: FastAPI) -> None:
         return JSONResponse(err.to_dict(), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            methods = openapi.allowed_methods(request.app, request.url.path)
+            headers["Allow"] = ", ".join(methods)
+        # 400: a body that is not JSON at all (FastAPI cannot parse it).
+        code = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "error"
+        )
         return JSONResponse(
-            {"code": code, "message": str(exc.detail), "field": None}, status_code=exc.status_code
+            {"code": code, "message": str(exc.detail), "field": None},
+            status_code=exc.status_code,
+            headers=headers,
         )
 
     @app.exception_handler(Exception)

@@ -37,10 +37,12 @@ class Runtime:
     layers: dict[ClusterType, ClusterLayer] = field(default_factory=dict)
     # Held while a request places nodes on hosts (see services.allocation).
     placement_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Running nodes whose instance this process has checked since it started.
-    # Until the node reconciler has checked a node, a missing instance means
-    # "lost while we were down; rebuild", not "failed while we watched".
-    verified_nodes: set[str] = field(default_factory=set)
+    # Running nodes this process has not yet checked since it started: the
+    # node reconciler's first pass takes them (``nodes_snapshot_taken``) and
+    # checks each once. Until it has, a missing instance means "lost while
+    # we were down; rebuild", not "failed while we watched".
+    nodes_to_verify: set[str] = field(default_factory=set)
+    nodes_snapshot_taken: bool = False
     # The image registry, where this server runs one (settings.registry_enabled).
     registry: RegistryRuntime | None = None
     # GPU samples from the node agents' heartbeats, for the console's charts.

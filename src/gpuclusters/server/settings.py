@@ -24,6 +24,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=1, le=65535)
     provider: str = "fake"
+    api_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+$",
+        description="the URL clients reach the API on, written to the admin's config.toml; "
+        "with several replicas, the load balancer's (docs/ha.md); default http://HOST:PORT",
+    )
     database_url: str | None = Field(
         default=None, description="SQLAlchemy async URL; SQLite in home when unset"
     )
@@ -297,6 +303,8 @@ class Settings(BaseSettings):
 
     @property
     def public_url(self) -> str:
+        if self.api_url:
+            return self.api_url
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 

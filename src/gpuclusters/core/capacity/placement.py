@@ -13,12 +13,16 @@ Rules, in order:
 
 If there are not enough free hosts, nothing is placed:
 ``CapacityUnavailableError`` says what is free.
+
+Rule 3 is ``plan_islands``, which needs only the free hosts per island, so
+the server can count them in the database and fetch just the hosts it takes
+(``place_nodes`` applies the same plan to a list of hosts in memory).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuclusters.core.errors import CapacityUnavailableError
@@ -64,32 +68,46 @@ def place_nodes(
     by_island: dict[str, list[HostSlot]] = defaultdict(list)
     for h in candidates:
         by_island[h.ib_island].append(h)
+    plan = plan_islands({i: len(hs) for i, hs in by_island.items()}, count, used_islands)
+    return [h for island, n in plan for h in by_island[island][:n]]
 
+
+def plan_islands(
+    free_by_island: Mapping[str, int], count: int, used_islands: Iterable[str] = ()
+) -> list[tuple[str, int]]:
+    """How many of ``count`` nodes go to which island (rule 3), given the
+    free hosts per island; the caller takes the first hosts by name in each.
+    Places fewer than ``count`` only if fewer hosts are free."""
+    free = {i: n for i, n in free_by_island.items() if n > 0}
     used = Counter(used_islands)
     order: list[str] = [i for i, _ in sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))]
-    remaining = [i for i in by_island if i not in used]
+    remaining = [i for i in free if i not in used]
     if not order:
-        fitting = sorted(
-            (i for i in remaining if len(by_island[i]) >= count),
-            key=lambda i: (len(by_island[i]), i),
-        )
+        fitting = sorted((i for i in remaining if free[i] >= count), key=lambda i: (free[i], i))
         if fitting:
-            return by_island[fitting[0]][:count]
-    order += sorted(remaining, key=lambda i: (-len(by_island[i]), i))
-
-    chosen: list[HostSlot] = []
+            return [(fitting[0], count)] if count > 0 else []
+    order += sorted(remaining, key=lambda i: (-free[i], i))
+    plan: list[tuple[str, int]] = []
+    left = count
     for island in order:
-        for h in by_island.get(island, []):
-            if len(chosen) == count:
-                return chosen
-            chosen.append(h)
-    return chosen
+        take = min(left, free.get(island, 0))
+        if take > 0:
+            plan.append((island, take))
+            left -= take
+        if left == 0:
+            break
+    return plan
 
 
 def describe_free(hosts: Iterable[HostSlot]) -> str:
     """A one-line summary of all free hosts by GPU type and region, for error
     messages, so the user can see what they could ask for instead."""
-    counts: Counter[tuple[str, str]] = Counter((h.gpu_type, h.region) for h in hosts if h.free)
+    return describe_counts(Counter((h.gpu_type, h.region) for h in hosts if h.free))
+
+
+def describe_counts(counts: Mapping[tuple[str, str], int]) -> str:
+    """``describe_free`` from free host counts by (GPU type, region)."""
+    counts = {k: n for k, n in counts.items() if n > 0}
     if not counts:
         return "no hosts are free"
     parts = [f"{n} x {g} in {r}" for (g, r), n in sorted(counts.items())]

@@ -1,11 +1,19 @@
 """The reconciler loop shared by every controller.
 
 One loop per reconciler: wait for a hint or the poll interval, list the rows
-that need work, claim each free one with a lease and run ``reconcile`` on it
+that need work, claim free ones with a lease and run ``reconcile`` on each
 in its own task (at most ``concurrency`` at once, one task per row). Errors
 are logged and retried with a per-row backoff; a lost lease just ends the
 task. ``stop`` cancels the loop and waits for running tasks, so shutdown
 never leaves a half-written step (every step is idempotent anyway).
+
+A pass claims only as many rows as it can start now (twice the concurrency,
+so the next is ready when one finishes): a lease is held while work is
+done, not while it waits its turn, so a burst of thousands of rows neither
+outlives its leases nor keeps other replicas from the rows this one cannot
+reach yet. The next pass starts after the last row claimed (round robin),
+so rows that wait on something slow do not starve the rest; a pass that
+stopped short asks for another as soon as a task ends.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class Reconciler(ABC):
         self._sem = asyncio.Semaphore(ctx.concurrency)
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._last_claimed = ""  # where the next pass starts (round robin)
+        self._backlog = False  # the last pass left candidates unclaimed
 
     @abstractmethod
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
@@ -89,19 +99,28 @@ class Reconciler(ABC):
             await self.ctx.hints.wait(self.name, self.ctx.interval_s)
 
     async def run_once(self) -> None:
-        """One pass: claim and start work on every candidate row."""
+        """One pass: claim and start work on candidate rows, up to the room
+        there is (see the module docstring)."""
         async with self.ctx.sessionmaker() as session:
-            ids = await self.candidates(session)
+            ids = sorted(set(await self.candidates(session)))
         now = time.monotonic()
-        for row_id in ids:
+        # Round robin: start after the row claimed last.
+        start = next((i for i, row_id in enumerate(ids) if row_id > self._last_claimed), 0)
+        room = 2 * self.ctx.concurrency
+        self._backlog = False
+        for row_id in ids[start:] + ids[:start]:
             if row_id in self._inflight or self._retry_at.get(row_id, 0) > now:
                 continue
+            if len(self._inflight) >= room:
+                self._backlog = True
+                break
             async with self.ctx.sessionmaker() as session:
                 token = await leases.claim(
                     session, self.model, row_id, owner=self.ctx.owner, ttl_s=self.ctx.lease_ttl_s
                 )
             if token is None:
                 continue
+            self._last_claimed = row_id
             self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
 
     async def _work(self, row_id: str, token: str) -> None:
@@ -133,7 +152,8 @@ class Reconciler(ABC):
             except Exception:
                 log.exception("reconciler %s: could not release lease on %s", self.name, row_id)
             self._inflight.pop(row_id, None)
-        if (changed or self.ctx.hints.count(self.name) != hints_before) and not self._stopping:
+        again = changed or self._backlog or self.ctx.hints.count(self.name) != hints_before
+        if again and not self._stopping:
             self.ctx.hints.notify(self.name)
 
 

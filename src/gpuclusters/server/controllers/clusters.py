@@ -13,7 +13,6 @@ take several steps; every write is fenced by the lease token.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -38,7 +37,7 @@ from gpuclusters.server.controllers.base import ControllerContext, SteppedReconc
 from gpuclusters.server.controllers.refs import load_cluster_ref, work_probe
 from gpuclusters.server.db.allocation import (
     allocate_nodes,
-    host_slots,
+    free_counts,
     placement_guard,
     spare_hosts,
 )
@@ -67,8 +66,10 @@ class ClusterReconciler(SteppedReconciler):
     def __init__(self, ctx: ControllerContext, rt: Runtime) -> None:
         super().__init__(ctx)
         self.rt = rt
-        # Ready clusters whose control plane this process has re-ensured.
-        self._verified: set[str] = set()
+        # Clusters ready when this process started, whose control plane it
+        # has not yet re-ensured (taken once, by the first pass).
+        self._to_verify: set[str] = set()
+        self._snapshot_taken = False
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         unsettled_node = exists().where(
@@ -84,15 +85,20 @@ class ClusterReconciler(SteppedReconciler):
                 | (Cluster.config_generation != Cluster.applied_config_generation),
             )
         )
-        ready = await session.scalars(
-            select(Cluster.id).where(Cluster.deleted_at.is_(None), Cluster.status == S.READY.value)
-        )
+        if not self._snapshot_taken:
+            self._to_verify.update(
+                await session.scalars(
+                    select(Cluster.id).where(
+                        Cluster.deleted_at.is_(None),
+                        Cluster.status.in_((S.READY.value, S.DEGRADED.value)),
+                    )
+                )
+            )
+            self._snapshot_taken = True
         pool = await self._pool_candidates(session)
         ending = await self._ending_candidates(session)
         # Ready clusters need one look per server process (see step()).
-        return list(
-            dict.fromkeys([*busy, *(c for c in ready if c not in self._verified), *pool, *ending])
-        )
+        return list(dict.fromkeys([*busy, *self._to_verify, *pool, *ending]))
 
     async def _ending_candidates(self, session: AsyncSession) -> list[str]:
         """Reserved and scheduled clusters due a warning or at their end."""
@@ -222,8 +228,7 @@ class ClusterReconciler(SteppedReconciler):
             .group_by(Node.cluster_id)
         )
         live = {cluster_id: int(n) for cluster_id, n in rows}
-        slots, _ = await host_slots(session)
-        spare = Counter((h.gpu_type, h.region) for h in slots if h.free)
+        spare = await free_counts(session)
         return [
             c.id
             for c in clusters
@@ -299,11 +304,13 @@ class ClusterReconciler(SteppedReconciler):
             cluster, nodes = await self._load(session, row_id)
             # SSH access only for the steps that (re)start the login node's sshd.
             brings_up = cluster.status == S.WAITING_FOR_CONTROL_PLANE.value or (
-                cluster.status in (S.READY.value, S.DEGRADED.value) and row_id not in self._verified
+                cluster.status in (S.READY.value, S.DEGRADED.value) and row_id in self._to_verify
             )
             ref = await load_cluster_ref(session, cluster, self.rt, ssh=brings_up)
         status = S(cluster.status)
         layer = self.rt.layer_for(cluster.cluster_type)
+        if status not in (S.READY, S.DEGRADED):
+            self._to_verify.discard(row_id)  # only a usable cluster is re-checked
 
         if status is S.DELETING:
             if nodes:
@@ -379,13 +386,13 @@ class ClusterReconciler(SteppedReconciler):
                 row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
             )
 
-        if status in (S.READY, S.DEGRADED) and row_id not in self._verified:
+        if status in (S.READY, S.DEGRADED) and row_id in self._to_verify:
             # First look since this process started: make sure the control
             # plane is really there (daemons restarted, service nodes rebuilt).
             if not await layer.ensure_control_plane(ref):
                 return False
             await self._open_gateway(row_id, token, ref)
-            self._verified.add(row_id)
+            self._to_verify.discard(row_id)
             return True
 
         if status in (S.READY, S.DEGRADED) and (
@@ -456,7 +463,7 @@ class ClusterReconciler(SteppedReconciler):
             changed = await set_cluster_status(session, cluster, status.value, message)
             await session.commit()
         if status is S.READY:
-            self._verified.add(row_id)  # it just got here: nothing to re-check
+            self._to_verify.discard(row_id)  # it just got here: nothing to re-check
         return changed
 
     async def _bind_volume(self, row_id: str, token: str) -> bool:

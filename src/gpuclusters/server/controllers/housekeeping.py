@@ -15,11 +15,17 @@
 Orphan collection never deletes an instance whose node row is live, and the
 node row always exists before its instance is asked for, so it cannot race
 a create.
+
+With several server replicas one does the chores for all: the holder of the
+``housekeeping`` controller lease, renewed at every pass; when it dies the
+lease expires and another replica takes over. The chores look at ids and the
+few rows that need something, never load the whole fleet's rows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -27,7 +33,7 @@ from sqlalchemy import delete, select
 
 from gpuclusters.core.enums import EventReason, HostAgentStatus, NodePhase
 from gpuclusters.providers.base import InstanceState, ProviderError
-from gpuclusters.server.controllers import hints
+from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.alerts import note_missed_heartbeats
 from gpuclusters.server.db.models import Host, Node, NodeEvent, utcnow
 from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
@@ -51,33 +57,35 @@ async def collect_orphans(rt: Runtime) -> list[str]:
 
 async def check_running_nodes(rt: Runtime) -> int:
     """Mark running nodes whose instance failed or vanished as failed."""
+    if not rt.nodes_snapshot_taken:
+        return 0  # the node reconciler has not yet said which nodes are unchecked
     async with rt.sessionmaker() as session:
-        nodes = list(
-            await session.scalars(
-                select(Node).where(
+        nodes = (
+            await session.execute(
+                select(Node.id, Node.name).where(
                     Node.deleted_at.is_(None),
                     Node.phase == NodePhase.RUNNING.value,
                     Node.to_delete.is_(False),
                     Node.lock_token.is_(None),
                 )
             )
-        )
+        ).all()
     failed = 0
-    for node in nodes:
-        if node.id not in rt.verified_nodes:
+    for node_id, node_name in nodes:
+        if node_id in rt.nodes_to_verify:
             continue  # not yet checked since start: the node reconciler rebuilds it if lost
         try:
-            inst = await rt.provider.status(node.id)
+            inst = await rt.provider.status(node_id)
         except ProviderError as exc:
             # Cannot tell (its host agent is unreachable): the node is left
             # as it is, to the health rules; never failed on a guess.
-            log.info("node %s: status unknown: %s", node.name, exc)
+            log.info("node %s: status unknown: %s", node_name, exc)
             continue
         if inst.state not in (InstanceState.MISSING, InstanceState.FAILED):
             continue
         message = inst.message or f"provider reports the node {inst.state.value}"
         async with rt.sessionmaker() as session:
-            row = await session.get_one(Node, node.id)
+            row = await session.get_one(Node, node_id)
             if row.phase != NodePhase.RUNNING.value or row.lock_token is not None:
                 continue
             set_node_phase(row, NodePhase.FAILED.value, message)
@@ -128,20 +136,47 @@ async def sweep_unreachable_hosts(rt: Runtime) -> list[str]:
     return [h.name for h in silent]
 
 
+HOUSEKEEPING_LEASE = "housekeeping"
+
+
+async def _hold_lease(rt: Runtime, owner: str) -> bool:
+    ttl = 2 * rt.settings.housekeeping_interval_s + rt.settings.lease_ttl_s
+    try:
+        async with rt.sessionmaker() as session:
+            return await leases.hold_named(session, HOUSEKEEPING_LEASE, owner=owner, ttl_s=ttl)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("housekeeping: could not take its lease")
+        return False
+
+
 async def run_housekeeping(rt: Runtime) -> None:
-    """Loop forever (until cancelled); one failing chore does not stop the others."""
-    while True:
-        for chore in (
-            sweep_unreachable_hosts,
-            collect_orphans,
-            check_running_nodes,
-            expire_events,
-            missed_heartbeats,
-        ):
-            try:
-                await chore(rt)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("housekeeping: %s failed", chore.__name__)
-        await asyncio.sleep(rt.settings.housekeeping_interval_s)
+    """Loop forever (until cancelled) while holding the housekeeping lease;
+    one failing chore does not stop the others."""
+    owner = leases.make_owner()
+    try:
+        while True:
+            if await _hold_lease(rt, owner):
+                await _chores(rt)
+            await asyncio.sleep(rt.settings.housekeeping_interval_s)
+    finally:
+        with contextlib.suppress(Exception):
+            async with rt.sessionmaker() as session:
+                await leases.release_named(session, HOUSEKEEPING_LEASE, owner=owner)
+
+
+async def _chores(rt: Runtime) -> None:
+    for chore in (
+        sweep_unreachable_hosts,
+        collect_orphans,
+        check_running_nodes,
+        expire_events,
+        missed_heartbeats,
+    ):
+        try:
+            await chore(rt)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("housekeeping: %s failed", chore.__name__)

@@ -9,6 +9,8 @@
 * ``release`` clears the lease if it is still ours.
 * ``release_dead_owners`` frees leases of processes on this machine that are
   gone (a server killed with -9), so a restart does not wait for expiry.
+* ``hold_named`` / ``release_named``: the same compare-and-set on a row of
+  ``controller_leases``, for work one replica does for all (housekeeping).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import socket
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.server.db.models import (
     Cluster,
+    ControllerLease,
     HealthRun,
     Node,
     Remediation,
@@ -87,6 +91,50 @@ async def release(session: AsyncSession, model: LeasedModel, row_id: str, *, tok
     await session.commit()
 
 
+async def hold_named(session: AsyncSession, name: str, *, owner: str, ttl_s: float) -> bool:
+    """Take or renew the named lease for ``owner``; False while another
+    owner holds it unexpired. Renewing is the same statement as taking, so a
+    holder that stalls past its expiry simply loses it to the next claimant."""
+    now = utcnow()
+    result = await session.execute(
+        update(ControllerLease)
+        .where(ControllerLease.name == name)
+        .where(
+            or_(
+                ControllerLease.owner == owner,
+                ControllerLease.expires_at.is_(None),
+                ControllerLease.expires_at < now,
+            )
+        )
+        .values(owner=owner, token=secrets.token_hex(8), expires_at=_expiry(ttl_s))
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        await session.commit()
+        return True
+    exists = await session.scalar(select(ControllerLease.name).where(ControllerLease.name == name))
+    if exists is not None:
+        await session.rollback()
+        return False
+    session.add(ControllerLease(name=name, owner=owner, expires_at=_expiry(ttl_s)))
+    try:
+        await session.commit()
+    except IntegrityError:  # another replica made the row first: it holds it
+        await session.rollback()
+        return False
+    return True
+
+
+async def release_named(session: AsyncSession, name: str, *, owner: str) -> None:
+    await session.execute(
+        update(ControllerLease)
+        .where(ControllerLease.name == name, ControllerLease.owner == owner)
+        .values(owner=None, token=None, expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    await session.commit()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -97,10 +145,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _dead_here(owner: str) -> bool:
+    """An owner that was a process of this host which is gone (or a previous
+    incarnation of this very process id)."""
+    host, _, rest = owner.partition(":")
+    pid_s = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_s.isdigit():
+        return False
+    pid = int(pid_s)
+    return pid == os.getpid() or not _pid_alive(pid)
+
+
 async def release_dead_owners(session: AsyncSession) -> int:
     """Free leases held by dead processes of this host; return how many."""
-    me = socket.gethostname()
     freed = 0
+    named = (
+        await session.execute(
+            select(ControllerLease.name, ControllerLease.owner).where(
+                ControllerLease.owner.is_not(None)
+            )
+        )
+    ).all()
+    for name, owner in named:
+        if _dead_here(str(owner)):
+            await release_named(session, name, owner=str(owner))
+            freed += 1
     for model in LEASED_MODELS:
         rows = (
             await session.execute(
@@ -108,12 +177,7 @@ async def release_dead_owners(session: AsyncSession) -> int:
             )
         ).all()
         for row_id, owner in rows:
-            host, _, rest = str(owner).partition(":")
-            pid_s = rest.partition(":")[0]
-            if host != me or not pid_s.isdigit():
-                continue
-            pid = int(pid_s)
-            if pid == os.getpid() or not _pid_alive(pid):
+            if _dead_here(str(owner)):
                 await session.execute(
                     update(model)
                     .where(model.id == row_id, model.lock_owner == owner)

@@ -56,6 +56,11 @@ AGENT_TOKEN_PATH = "/etc/gpuclusters/agent-token"
 PREEMPTION_NOTICE = "/run/gpuclusters/preemption.json"
 
 
+# Phases in which a node moves by itself; running, failed and repairing
+# nodes wait for something else (a delete, a repair, a restart's check).
+_ACTIVE = tuple(p.value for p in P if p not in (P.RUNNING, P.FAILED, P.REPAIRING, P.DELETED))
+
+
 class NodeReconciler(SteppedReconciler):
     name = hints.NODES
     model = Node
@@ -66,23 +71,28 @@ class NodeReconciler(SteppedReconciler):
         super().__init__(ctx)
         self.rt = rt
         self.drain_timeout_s = drain_timeout_s
-        # Running nodes this process has re-checked since it started. After a
-        # restart every running node is checked once: re-adopted if its
-        # instance is there (join again, which restarts dead daemons), rebuilt
-        # if the instance is gone (e.g. the host rebooted).
-        self._verified = rt.verified_nodes
+        # After a (re)start every node running then is checked once:
+        # re-adopted if its instance is there (join again, which restarts
+        # dead daemons), rebuilt if the instance is gone (e.g. the host
+        # rebooted). Nodes that reach running later were just joined.
+        self._to_verify = rt.nodes_to_verify
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
-        rows = await session.execute(
-            select(Node.id, Node.phase, Node.to_delete).where(Node.deleted_at.is_(None))
+        """Live nodes in a phase with work to do, by index (never the whole
+        fleet), plus the running nodes still to be checked once."""
+        if not self.rt.nodes_snapshot_taken:
+            self._to_verify.update(
+                await session.scalars(
+                    select(Node.id).where(Node.deleted_at.is_(None), Node.phase == P.RUNNING.value)
+                )
+            )
+            self.rt.nodes_snapshot_taken = True
+        active = await session.scalars(
+            select(Node.id).where(
+                Node.deleted_at.is_(None), Node.phase.in_(_ACTIVE) | Node.to_delete
+            )
         )
-        return [
-            node_id
-            for node_id, phase, to_delete in rows
-            if to_delete
-            or (phase == P.RUNNING.value and node_id not in self._verified)
-            or phase not in (P.RUNNING.value, P.FAILED.value, P.REPAIRING.value)
-        ]
+        return [*active, *self._to_verify]
 
     async def reconcile(self, row_id: str, token: str) -> bool:
         changed = await super().reconcile(row_id, token)
@@ -102,6 +112,8 @@ class NodeReconciler(SteppedReconciler):
         layer = self.rt.layer_for(cluster.cluster_type)
         nref = node_ref(node, host)
 
+        if node.deleted_at is not None or phase is not P.RUNNING:
+            self._to_verify.discard(row_id)  # only running nodes are checked
         if node.deleted_at is not None:
             return False
 
@@ -155,7 +167,7 @@ class NodeReconciler(SteppedReconciler):
                 )
             return False
 
-        if phase is P.RUNNING and row_id not in self._verified:
+        if phase is P.RUNNING and row_id in self._to_verify:
             inst = await self.rt.provider.status(row_id)
             if inst.state is InstanceState.MISSING:
                 return await self._write(
@@ -163,7 +175,7 @@ class NodeReconciler(SteppedReconciler):
                 )
             if inst.state is InstanceState.RUNNING and not await layer.join_node(cref, nref):
                 return False
-            self._verified.add(row_id)
+            self._to_verify.discard(row_id)
             return False
 
         if phase is P.BOOTSTRAPPING:
@@ -389,7 +401,7 @@ class NodeReconciler(SteppedReconciler):
                 node.agent_token_hash = None
             if phase is P.RUNNING:
                 node.ready_at = utcnow()
-                self._verified.add(row_id)
+                self._to_verify.discard(row_id)  # just joined: nothing to check
                 await record_event(
                     session, node, EventReason.NODE_ADDED, f"node {node.name} is running"
                 )

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.core.capacity.placement import place_nodes
 from gpuclusters.core.enums import HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.core.health.rules import RepairAction, Verdict
@@ -37,7 +36,7 @@ from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.alerts import start_decision
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
-from gpuclusters.server.db.allocation import host_slots
+from gpuclusters.server.db.allocation import choose_free_hosts
 from gpuclusters.server.db.models import (
     Alert,
     Cluster,
@@ -255,7 +254,6 @@ class RepairReconciler(SteppedReconciler):
             # The node reconciler joins it again (daemons restart, the agent
             # keeps its token: its /etc survives both).
             set_node_phase(row, P.BOOTSTRAPPING.value, f"{rem.action} done; joining")
-            self.rt.verified_nodes.discard(node.id)
             await session.commit()
         return await self._save(row_id, token, step="joining")
 
@@ -304,20 +302,22 @@ class RepairReconciler(SteppedReconciler):
                 row.host_id = None
                 await session.flush()
             if row.host_id is None:
-                slots, by_name = await host_slots(session)
                 try:
-                    (slot,) = place_nodes(
-                        slots, count=1, gpu_type=cluster.gpu_type, region=cluster.region
+                    ((host_id, _),) = await choose_free_hosts(
+                        session,
+                        count=1,
+                        gpu_type=cluster.gpu_type,
+                        region=cluster.region,
+                        used_islands=[],
                     )
                 except CapacityUnavailableError as exc:
                     await session.commit()
                     return await self._save(
                         row_id, token, message=f"waiting for a free host: {exc}"
                     )
-                row.host_id = by_name[slot.name].id
+                row.host_id = host_id
             set_node_phase(row, P.SCHEDULING.value, "migrated; rebuilding on a new host")
             row.agent_token_hash = None
-            self.rt.verified_nodes.discard(node.id)
             await session.commit()
         return await self._save(row_id, token, step="joining", message="")
 

@@ -1,7 +1,10 @@
 """Turning a placement decision into node rows.
 
-Reads the fleet and live nodes, asks the pure ``place_nodes`` for hosts and
-adds node rows in the caller's transaction. The partial unique index on
+Counts the free hosts per InfiniBand island in the database, asks the pure
+``plan_islands`` how many nodes go where, fetches just those hosts (the
+first free ones by name in each island) and adds node rows in the caller's
+transaction. Nothing here loads the fleet: a request costs a few indexed
+queries whether the fleet has ten hosts or ten thousand. The partial unique index on
 ``nodes.host_id`` is the last word: if a concurrent request took a host in
 the meantime the commit fails and the caller retries with a fresh view.
 
@@ -20,12 +23,13 @@ import contextlib
 import secrets
 import string
 import zlib
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from sqlalchemy import select, text
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.core.capacity.placement import HostSlot, describe_free, free_hosts, place_nodes
+from gpuclusters.core.capacity.placement import HostSlot, describe_counts, plan_islands
 from gpuclusters.core.capacity.preemption import PreemptibleNode, choose_victims
 from gpuclusters.core.enums import ComputeClass, HostAgentStatus, HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
@@ -61,33 +65,95 @@ def node_name(cluster_name: str, compute_class: str) -> str:
     return f"{cluster_name}-{compute_class}-{''.join(secrets.choice(_ALPHABET) for _ in range(5))}"
 
 
-async def host_slots(session: AsyncSession) -> tuple[list[HostSlot], dict[str, Host]]:
-    hosts = list(await session.scalars(select(Host).where(Host.in_fleet.is_(True))))
-    busy = set(
-        await session.scalars(
-            select(Node.host_id).where(Node.deleted_at.is_(None), Node.host_id.is_not(None))
-        )
-    ) | set(
-        await session.scalars(
-            select(Node.awaited_host_id).where(
-                Node.deleted_at.is_(None), Node.awaited_host_id.is_not(None)
-            )
-        )
+def host_is_free() -> ColumnElement[bool]:
+    """SQL: the host takes a new node: in the fleet, available, its agent
+    (if any) heartbeating, and no live node holds it or awaits it."""
+    held = exists().where(Node.host_id == Host.id, Node.deleted_at.is_(None))
+    awaited = exists().where(Node.awaited_host_id == Host.id, Node.deleted_at.is_(None))
+    return and_(
+        Host.in_fleet.is_(True),
+        Host.state == HostState.AVAILABLE.value,
+        # A host agent that is not heartbeating gets nothing new.
+        or_(Host.agent_status.is_(None), Host.agent_status == HostAgentStatus.READY.value),
+        ~held,
+        ~awaited,
     )
+
+
+async def host_slots(session: AsyncSession) -> tuple[list[HostSlot], dict[str, Host]]:
+    """Every host of the fleet with whether it is free (the fleet page and
+    tests; the hot paths count in the database instead)."""
+    hosts = list(await session.scalars(select(Host).where(Host.in_fleet.is_(True))))
+    free = set(await session.scalars(select(Host.id).where(host_is_free())))
     slots = [
         HostSlot(
             name=h.name,
             gpu_type=h.gpu_type,
             region=h.region,
             ib_island=h.ib_island,
-            # A host agent that is not heartbeating gets nothing new.
-            free=h.state == HostState.AVAILABLE.value
-            and h.id not in busy
-            and h.agent_status in (None, HostAgentStatus.READY.value),
+            free=h.id in free,
         )
         for h in hosts
     ]
     return slots, {h.name: h for h in hosts}
+
+
+async def free_counts(session: AsyncSession) -> Counter[tuple[str, str]]:
+    """Free hosts by (GPU type, region)."""
+    rows = await session.execute(
+        select(Host.gpu_type, Host.region, func.count())
+        .where(host_is_free())
+        .group_by(Host.gpu_type, Host.region)
+    )
+    return Counter({(g, r): int(n) for g, r, n in rows})
+
+
+async def free_by_island(session: AsyncSession, *, gpu_type: str, region: str) -> dict[str, int]:
+    rows = await session.execute(
+        select(Host.ib_island, func.count())
+        .where(Host.gpu_type == gpu_type, Host.region == region, host_is_free())
+        .group_by(Host.ib_island)
+    )
+    return {island: int(n) for island, n in rows}
+
+
+async def choose_free_hosts(
+    session: AsyncSession,
+    *,
+    count: int,
+    gpu_type: str,
+    region: str,
+    used_islands: list[str],
+    free: dict[str, int] | None = None,
+) -> list[tuple[str, str]]:
+    """``count`` free hosts (id, name) placed by the island rule, or raise
+    ``CapacityUnavailableError`` (saying what is free) if there are fewer."""
+    if count <= 0:
+        return []
+    if free is None:
+        free = await free_by_island(session, gpu_type=gpu_type, region=region)
+    if sum(free.values()) < count:
+        raise CapacityUnavailableError(
+            f"not enough free {gpu_type} hosts in region {region}: need {count} "
+            f"node(s) of 8 GPUs, {sum(free.values())} free "
+            f"({describe_counts(await free_counts(session))})",
+            field="num_gpus",
+        )
+    chosen: list[tuple[str, str]] = []
+    for island, n in plan_islands(free, count, used_islands):
+        rows = await session.execute(
+            select(Host.id, Host.name)
+            .where(
+                Host.gpu_type == gpu_type,
+                Host.region == region,
+                Host.ib_island == island,
+                host_is_free(),
+            )
+            .order_by(Host.name)
+            .limit(n)
+        )
+        chosen += [(host_id, name) for host_id, name in rows]
+    return chosen
 
 
 async def _used_islands(session: AsyncSession, cluster: Cluster) -> list[str]:
@@ -102,8 +168,7 @@ async def _used_islands(session: AsyncSession, cluster: Cluster) -> list[str]:
 
 async def spare_hosts(session: AsyncSession, *, cluster: Cluster) -> int:
     """Free hosts that fit this cluster's nodes (for the preemptible pool)."""
-    slots, _ = await host_slots(session)
-    return len(free_hosts(slots, gpu_type=cluster.gpu_type, region=cluster.region))
+    return (await free_counts(session))[(cluster.gpu_type, cluster.region)]
 
 
 async def allocate_nodes(
@@ -121,65 +186,74 @@ async def allocate_nodes(
     ``CapacityUnavailableError`` (placing none) if they still do not fit."""
     if count <= 0:
         return []
-    slots, by_name = await host_slots(session)
+    free = await free_by_island(session, gpu_type=cluster.gpu_type, region=cluster.region)
+    n_free = sum(free.values())
     used_islands = await _used_islands(session, cluster)
-    free = free_hosts(slots, gpu_type=cluster.gpu_type, region=cluster.region)
     victims: list[PreemptibleNode] = []
     if compute_class == ComputeClass.STANDARD.value:
         # Other projects' reserved capacity they do not use yet is not ours
         # to take (it may still serve preemptible nodes: that is reclaimed).
         hold = await held_back_for(session, cluster=cluster, at=utcnow())
         candidates: list[PreemptibleNode] = []
-        if count > len(free) - hold:
+        if count > n_free - hold:
+            preemptible = await _preemptible_nodes(session, work)
             candidates = choose_victims(
-                await _preemptible_nodes(session, work),
-                count=len(by_name),
+                preemptible,
+                count=len(preemptible),
                 gpu_type=cluster.gpu_type,
                 region=cluster.region,
                 used_islands=used_islands,
             )
-        if count > len(free) + len(candidates) - hold:
+        if count > n_free + len(candidates) - hold:
             held = f", {hold} held for other projects' reservations" if hold else ""
             raise CapacityUnavailableError(
                 f"not enough {cluster.gpu_type} hosts in region {cluster.region}: need {count} "
-                f"node(s) of 8 GPUs, {len(free)} free and {len(candidates)} held by preemptible "
-                f"nodes that could be reclaimed{held} ({describe_free(slots)})",
+                f"node(s) of 8 GPUs, {n_free} free and {len(candidates)} held by preemptible "
+                f"nodes that could be reclaimed{held} "
+                f"({describe_counts(await free_counts(session))})",
                 field="num_gpus",
             )
-        victims = candidates[: max(0, count - len(free))]
-    chosen = place_nodes(
-        slots,
+        victims = candidates[: max(0, count - n_free)]
+    chosen = await choose_free_hosts(
+        session,
         count=count - len(victims),
         gpu_type=cluster.gpu_type,
         region=cluster.region,
         used_islands=used_islands,
+        free=free,
     )
     nodes = [
         Node(
             cluster_id=cluster.id,
             project_id=cluster.project_id,
             name=node_name(cluster.name, compute_class),
-            host_id=by_name[slot.name].id,
+            host_id=host_id,
             compute_class=compute_class,
             phase=NodePhase.PENDING.value,
         )
-        for slot in chosen
+        for host_id, _ in chosen
     ]
+    victim_hosts = {
+        name: host_id
+        for host_id, name in await session.execute(
+            select(Host.id, Host.name).where(Host.name.in_([v.host for v in victims]))
+        )
+    }
     for victim in victims:
-        host = by_name[victim.host]
+        host_id = victim_hosts[victim.host]
         nodes.append(
             Node(
                 cluster_id=cluster.id,
                 project_id=cluster.project_id,
                 name=node_name(cluster.name, compute_class),
-                awaited_host_id=host.id,
+                awaited_host_id=host_id,
                 compute_class=compute_class,
                 phase=NodePhase.PENDING.value,
-                message=f"waiting for host {host.name}: preemptible node {victim.name} "
+                message=f"waiting for host {victim.host}: preemptible node {victim.name} "
                 "is giving it back",
             )
         )
-        await mark_preempted(session, host_id=host.id, why=f"host needed by cluster {cluster.name}")
+        await mark_preempted(session, host_id=host_id, why=f"host needed by cluster {cluster.name}")
     session.add_all(nodes)
     return nodes
 

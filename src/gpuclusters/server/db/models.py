@@ -62,6 +62,13 @@ def live_unique(name: str, *columns: str) -> Index:
     return Index(name, *columns, unique=True, sqlite_where=live, postgresql_where=live)
 
 
+def live_index(name: str, *columns: str) -> Index:
+    """An index over the live rows only: the controllers' hot queries never
+    look at deleted ones, which pile up over a fleet's life."""
+    live = text("deleted_at IS NULL")
+    return Index(name, *columns, sqlite_where=live, postgresql_where=live)
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -146,6 +153,8 @@ class Host(Base):
     """Fleet inventory, synced from the provider's fleet at start."""
 
     __tablename__ = "hosts"
+    # Placement counts and picks free hosts of one kind, island by island.
+    __table_args__ = (Index("ix_hosts_kind", "gpu_type", "region", "ib_island", "name"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     region: Mapped[str] = mapped_column(String(64))
@@ -203,6 +212,8 @@ class Cluster(LeaseMixin, Base):
         live_unique("uq_clusters_live_name", "project_id", "name"),
         live_unique("uq_clusters_live_ssh_port", "ssh_port"),
         live_unique("uq_clusters_live_kubernetes_port", "kubernetes_port"),
+        Index("ix_clusters_project_created", "project_id", "created_at", "name"),
+        live_index("ix_clusters_live_status", "status"),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
@@ -274,6 +285,12 @@ class Node(LeaseMixin, Base):
         # One live node per host, enforced by the database.
         live_unique("uq_nodes_live_host", "host_id"),
         Index("ix_nodes_cluster", "cluster_id"),
+        # Lists page through a project's nodes in this order.
+        Index("ix_nodes_project_created", "project_id", "created_at", "name"),
+        # The node reconciler asks for live nodes by phase; placement for
+        # hosts that live nodes await.
+        live_index("ix_nodes_live_phase", "phase"),
+        live_index("ix_nodes_live_awaited_host", "awaited_host_id"),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"))
@@ -417,7 +434,7 @@ class Remediation(LeaseMixin, Base):
     node_id: Mapped[str] = mapped_column(String(32), index=True)
     node_name: Mapped[str] = mapped_column(String(64))
     action: Mapped[str] = mapped_column(String(16))
-    state: Mapped[str] = mapped_column(String(24))
+    state: Mapped[str] = mapped_column(String(24), index=True)
     trigger: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     kinds: Mapped[str] = mapped_column(Text, default="")  # alert kinds, comma-separated
@@ -448,7 +465,7 @@ class HealthRun(LeaseMixin, Base):
     node_name: Mapped[str] = mapped_column(String(64))
     check: Mapped[str] = mapped_column(String(32))
     duration_s: Mapped[float] = mapped_column(Float, default=60.0)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     metrics: Mapped[str] = mapped_column(Text, default="{}")
     output: Mapped[str] = mapped_column(Text, default="")
@@ -485,3 +502,16 @@ class SshAuthority(Base):
     private_key: Mapped[str] = mapped_column(Text)  # OpenSSH PEM, Ed25519
     public_key: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ControllerLease(Base):
+    """A named lease on work that one server process does for all (the
+    housekeeping chores, the access sync): with several replicas on one
+    database, the holder does it and the others wait for the lease to expire
+    or be released. Claimed by compare-and-set, like the rows' leases."""
+
+    __tablename__ = "controller_leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(64), default=None)
+    token: Mapped[str | None] = mapped_column(String(64), default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)

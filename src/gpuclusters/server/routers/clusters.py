@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Request, Response
 
 from gpuclusters.core import models as api
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
+from gpuclusters.server.routers.paging import PAGED, PageDep, link_next
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.services import clusters, credentials, nodes, ssh, usage
 
@@ -22,12 +23,21 @@ def _registry(rt: Runtime, view: api.Cluster) -> api.Cluster:
     return view.model_copy(update={"registry": f"{rt.settings.registry_address}/{view.project}"})
 
 
-@router.get("/clusters", response_model=list[api.Cluster])
+@router.get("/clusters", response_model=list[api.Cluster], responses=PAGED)
 async def list_clusters(
-    project: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+    project: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+    page: PageDep,
+    request: Request,
+    response: Response,
 ) -> list[api.Cluster]:
-    views = await clusters.list_clusters(session, principal=principal, project_name=project)
-    return [_registry(rt, v) for v in views]
+    result = await clusters.list_clusters(
+        session, principal=principal, project_name=project, limit=page.limit, cursor=page.cursor
+    )
+    link_next(request, response, result.next_cursor)
+    return [_registry(rt, v) for v in result.items]
 
 
 @router.post("/clusters", response_model=api.Cluster, status_code=201)
@@ -149,21 +159,28 @@ async def cluster_credentials(
     )
 
 
-@router.get("/nodes", response_model=list[api.Node])
+@router.get("/nodes", response_model=list[api.Node], responses=PAGED)
 async def list_nodes(
     project: str,
     session: SessionDep,
     principal: PrincipalDep,
+    page: PageDep,
+    request: Request,
+    response: Response,
     cluster: str | None = None,
     include_deleted: bool = False,
 ) -> list[api.Node]:
-    return await nodes.list_nodes(
+    result = await nodes.list_nodes(
         session,
         principal=principal,
         project_name=project,
         cluster=cluster,
         include_deleted=include_deleted,
+        limit=page.limit,
+        cursor=page.cursor,
     )
+    link_next(request, response, result.next_cursor)
+    return result.items
 
 
 @router.get("/nodes/{name}", response_model=api.Node)

@@ -159,9 +159,9 @@ async def overview(request: Request, session: SessionDep, who: SignedInDep) -> H
     for p in projects:
         if p.role not in (ProjectRole.ADMIN, ProjectRole.EDITOR):
             continue
-        for c in await clusters.list_clusters(
-            session, principal=who.principal, project_name=p.name
-        ):
+        for c in (
+            await clusters.list_clusters(session, principal=who.principal, project_name=p.name)
+        ).items:
             rows.append((p, c))
         for e in await nodes.list_events(
             session, principal=who.principal, project_name=p.name, cluster=None, node=None

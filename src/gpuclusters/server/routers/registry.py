@@ -7,13 +7,14 @@ do (docs/kubernetes.md "Images")."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 
 from gpuclusters.core import models as api
 from gpuclusters.core.errors import NotFoundError
+from gpuclusters.core.models import ErrorBody
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.services import registry
 
@@ -27,7 +28,12 @@ class RegistryToken(BaseModel):
     issued_at: str
 
 
-@router.get("/token", response_model=RegistryToken)
+_NO_REGISTRY: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "this server runs no image registry"}
+}
+
+
+@router.get("/token", response_model=RegistryToken, responses=_NO_REGISTRY)
 async def token(
     request: Request,
     rt: RuntimeDep,
@@ -53,7 +59,7 @@ async def token(
     )
 
 
-@router.get("", response_model=api.RegistryInfo)
+@router.get("", response_model=api.RegistryInfo, responses=_NO_REGISTRY)
 async def registry_info(rt: RuntimeDep, principal: PrincipalDep) -> api.RegistryInfo:
     """Where the registry is, for ``gpuclusters registry login``."""
     if rt.registry is None:

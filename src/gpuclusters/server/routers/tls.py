@@ -15,7 +15,11 @@ from gpuclusters.server.security import tls
 router = APIRouter(prefix="/v1/tls")
 
 
-@router.get("/ca.pem", response_class=PlainTextResponse)
+@router.get(
+    "/ca.pem",
+    response_class=PlainTextResponse,
+    responses={404: {"description": "TLS is off, or no CA to hand out"}},
+)
 def ca_pem(rt: RuntimeDep) -> PlainTextResponse:
     """The CA certificate (PEM); ``not_found`` when TLS is off or an operator
     certificate comes without ``tls_ca_file``."""

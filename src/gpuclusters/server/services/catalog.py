@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
@@ -15,7 +15,7 @@ from gpuclusters.core.enums import ComputeClass, HostAgentStatus, HostState
 from gpuclusters.core.errors import InvalidStateError, NotFoundError, ValidationError
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.server.controllers import hints
-from gpuclusters.server.db.allocation import host_slots, mark_preempted
+from gpuclusters.server.db.allocation import free_counts, mark_preempted
 from gpuclusters.server.db.models import Cluster, Host, Node
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
@@ -48,7 +48,13 @@ async def sync_hosts(session: AsyncSession, fleet: list[HostSpec]) -> None:
 
 async def check_region(session: AsyncSession, region: str) -> None:
     """Refuse a region where the fleet has no hosts."""
-    regions = set(await session.scalars(select(Host.region).where(Host.in_fleet.is_(True))))
+    if await session.scalar(
+        select(Host.id).where(Host.in_fleet.is_(True), Host.region == region).limit(1)
+    ):
+        return
+    regions = set(
+        await session.scalars(select(Host.region).where(Host.in_fleet.is_(True)).distinct())
+    )
     if region not in regions:
         raise ValidationError(
             f"region: unknown region {region!r}; known: {', '.join(sorted(regions)) or 'none'}",
@@ -57,12 +63,14 @@ async def check_region(session: AsyncSession, region: str) -> None:
 
 
 async def list_gpu_types(session: AsyncSession) -> list[api.GpuType]:
-    slots, _ = await host_slots(session)
     total: dict[str, int] = defaultdict(int)
     free: dict[str, int] = defaultdict(int)
-    for s in slots:
-        total[s.gpu_type] += 1
-        free[s.gpu_type] += int(s.free)
+    for gpu_type, n in await session.execute(
+        select(Host.gpu_type, func.count()).where(Host.in_fleet.is_(True)).group_by(Host.gpu_type)
+    ):
+        total[gpu_type] = int(n)
+    for (gpu_type, _), n in (await free_counts(session)).items():
+        free[gpu_type] += n
     return [
         api.GpuType(
             name=name, memory_gib=spec.memory_gib, total_hosts=total[name], free_hosts=free[name]
@@ -72,12 +80,16 @@ async def list_gpu_types(session: AsyncSession) -> list[api.GpuType]:
 
 
 async def list_regions(session: AsyncSession) -> list[api.Region]:
-    hosts = await session.scalars(select(Host).where(Host.in_fleet.is_(True)))
+    rows = await session.execute(
+        select(Host.region, Host.gpu_type, func.count())
+        .where(Host.in_fleet.is_(True))
+        .group_by(Host.region, Host.gpu_type)
+    )
     types: dict[str, set[str]] = defaultdict(set)
     count: dict[str, int] = defaultdict(int)
-    for h in hosts:
-        types[h.region].add(h.gpu_type)
-        count[h.region] += 1
+    for region, gpu_type, n in rows:
+        types[region].add(gpu_type)
+        count[region] += int(n)
     return [
         api.Region(name=r, gpu_types=sorted(types[r]), total_hosts=count[r]) for r in sorted(types)
     ]

@@ -36,12 +36,14 @@ from gpuclusters.core.errors import (
     NotFoundError,
     ValidationError,
 )
+from gpuclusters.core.paging import Page
 from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
 from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
 from gpuclusters.server.db.gateway import assign_ports
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
+from gpuclusters.server.db.paging import page_of
 from gpuclusters.server.db.records import record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
@@ -263,19 +265,26 @@ async def _create_once(
 
 
 async def list_clusters(
-    session: AsyncSession, *, principal: Principal, project_name: str
-) -> list[api.Cluster]:
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    project_name: str,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Page[api.Cluster]:
+    """The project's live clusters, oldest first, a page at a time
+    (``core/paging.py``); all of them when ``limit`` is None."""
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.EDITOR
     )
-    clusters = list(
-        await session.scalars(
-            select(Cluster)
-            .where(Cluster.project_id == project.id, Cluster.deleted_at.is_(None))
-            .order_by(Cluster.created_at, Cluster.name)
-        )
+    clusters, next_cursor = await page_of(
+        session,
+        select(Cluster).where(Cluster.project_id == project.id, Cluster.deleted_at.is_(None)),
+        Cluster,
+        limit=limit,
+        cursor=cursor,
     )
-    return await cluster_views(session, clusters, project=project)
+    return Page(await cluster_views(session, clusters, project=project), next_cursor)
 
 
 async def get_cluster(

@@ -10,7 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import ProjectRole
 from gpuclusters.core.errors import NotFoundError
+from gpuclusters.core.paging import Page
 from gpuclusters.server.db.models import Cluster, Node, NodeEvent, Project
+from gpuclusters.server.db.paging import page_of
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.tenancy import resolve_project
@@ -45,7 +47,11 @@ async def list_nodes(
     project_name: str,
     cluster: str | None,
     include_deleted: bool,
-) -> list[api.Node]:
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Page[api.Node]:
+    """The project's nodes (or one cluster's), oldest first, a page at a
+    time (``core/paging.py``); all of them when ``limit`` is None."""
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.EDITOR
     )
@@ -55,9 +61,9 @@ async def list_nodes(
         q = q.where(Node.cluster_id.in_(ids))
     if not include_deleted:
         q = q.where(Node.deleted_at.is_(None))
-    nodes = list(await session.scalars(q.order_by(Node.created_at, Node.name)))
+    nodes, next_cursor = await page_of(session, q, Node, limit=limit, cursor=cursor)
     clusters = await _clusters(session, {n.cluster_id for n in nodes})
-    return await node_views(session, nodes, clusters=clusters)
+    return Page(await node_views(session, nodes, clusters=clusters), next_cursor)
 
 
 async def _node_named(
