@@ -14,8 +14,8 @@ fresh home, boot delay 0) over a generated fleet of ``--hosts`` hosts and:
    page, the default limit) at ``--rate`` requests/s in total for
    ``--latency-s`` seconds, open loop (requests start on schedule whether or not
    earlier ones finished); p50 / p99 / max per endpoint;
-4. **one-node change**: scales one cluster up by one node and times it until
-   the new node runs and the cluster is ``ready`` again;
+4. **one-node change**: scales one cluster down by one node and up again,
+   each timed until the cluster is ``ready`` with that many running nodes;
 5. **delete**: deletes every cluster and times it until no live cluster or
    node is left (nodes/s).
 
@@ -157,6 +157,8 @@ def start_replica(fleet: Fleet, index: int, hosts_file: Path, profile: str | Non
     )
     exe = Path(sys.executable).parent / "gpuclusters"
     cmd = [str(exe), "server", "--provider", "fake", "--port", str(port)]
+    if os.environ.get("BENCH_SERVER_WRAPPER"):  # e.g. a script that counts queries
+        cmd = [sys.executable, os.environ["BENCH_SERVER_WRAPPER"], *cmd[1:]]
     if profile:
         spy = Path(sys.executable).parent / "py-spy"
         cmd = [str(spy), "record", "--format", "raw", "-r", "50", "-o", profile, "--", *cmd]
@@ -314,30 +316,31 @@ async def idle_cpu(fleet: Fleet, seconds: float) -> None:
 
 
 async def one_node_change(api: Api, engine: AsyncEngine, name: str, nodes: int) -> None:
-    t = time.perf_counter()
+    """Scale one cluster down by a node, then up again (a full fleet has no
+    spare host for a scale-up alone): each until the cluster has that many
+    running nodes and is ``ready``, as seen through the API."""
     path = f"{PROJECT_PATH}/clusters/{name}"
-    r = await api.call("PATCH", path, json={"num_gpus": 8 * (nodes + 1)})
-    r.raise_for_status()
     query = text(
         "SELECT count(*) FROM nodes n JOIN clusters c ON c.id = n.cluster_id "
-        "WHERE c.name = :name AND c.deleted_at IS NULL AND n.deleted_at IS NULL "
-        "AND n.phase = 'running'"
+        "WHERE c.name = :name AND c.deleted_at IS NULL AND n.deleted_at IS NULL"
     )
-    while True:
-        async with engine.connect() as conn:
-            running = (await conn.execute(query, {"name": name})).scalar_one()
-        if running == nodes + 1:
-            break
-        await asyncio.sleep(0.01)
-    t_node = time.perf_counter() - t
-    # Polled on purpose: the figure is how soon a client sees it.
-    while (await api.call("GET", path)).json()["status"] != "ready":  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
-    t_ready = time.perf_counter() - t
-    print(
-        f"one-node scale-up: node running after {t_node * 1000:.0f} ms, "
-        f"cluster ready again after {t_ready * 1000:.0f} ms"
-    )
+    for label, target in (("down", nodes - 1), ("up", nodes)):
+        t = time.perf_counter()
+        r = await api.call("PATCH", path, json={"num_gpus": 8 * target})
+        r.raise_for_status()
+        while True:
+            async with engine.connect() as conn:
+                live = (await conn.execute(query, {"name": name})).scalar_one()
+            if live == target:
+                view = (await api.call("GET", path)).json()
+                running = sum(n["phase"] == "running" for n in view["nodes"])
+                if view["status"] == "ready" and running == target:
+                    break
+            await asyncio.sleep(0.01)
+        took = time.perf_counter() - t
+        print(
+            f"one-node scale-{label}: cluster ready with {target} nodes after {took * 1000:.0f} ms"
+        )
 
 
 async def delete_all(api: Api, names: list[str], concurrency: int) -> None:
@@ -391,14 +394,14 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
                 await asyncio.sleep(5)  # let the last passes settle
                 await idle_cpu(fleet, args.idle_s)
                 await steady_latency(api, names, args.rate, args.latency_s)
-                await one_node_change(api, engine, names[0], args.nodes)
+                if args.nodes >= 2:
+                    await one_node_change(api, engine, names[0], args.nodes)
 
             t1 = time.perf_counter()
             await delete_all(api, names, args.concurrency)
             t_gone = time.perf_counter() - t1
             t_gone += await wait_counts(engine, 0, 0, args.timeout)
-            deleted = n_nodes + (0 if args.skip_steady else 1)
-            print(f"all deleted after {t_gone:.1f} s ({deleted / t_gone:.1f} nodes/s)", flush=True)
+            print(f"all deleted after {t_gone:.1f} s ({n_nodes / t_gone:.1f} nodes/s)", flush=True)
         finally:
             if api is not None:
                 await api.close()

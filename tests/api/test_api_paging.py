@@ -66,3 +66,15 @@ async def test_bad_limit_and_cursor_are_refused_naming_the_field(api: ApiHarness
             r = await api.client.get(path, params=params)
             assert r.status_code == 422, (path, params, r.text)
             assert r.json()["field"] == field, r.json()
+
+
+async def test_a_repeated_single_valued_query_parameter_is_refused(api: ApiHarness) -> None:
+    # FastAPI would quietly keep the last value; the document says one value.
+    r = await api.client.get("/v1/capacity", params=[("project", "default"), ("project", "x")])
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "project" and "only once" in r.json()["message"]
+    r = await api.client.get(f"{P}/clusters", params=[("limit", 1), ("limit", 2)])
+    assert r.status_code == 422 and r.json()["field"] == "limit", r.text
+    # One value of each is fine.
+    r = await api.client.get("/v1/capacity", params={"project": "default"})
+    assert r.status_code == 200, r.text

@@ -23,7 +23,7 @@ from gpuclusters.core.errors import ValidationError
 
 T = TypeVar("T")
 
-DEFAULT_LIMIT = 100
+DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
 NEXT_CURSOR_HEADER = "X-Next-Cursor"
 

@@ -16,11 +16,12 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuclusters import __version__
 from gpuclusters.core.clientconfig import read_config, write_config
@@ -48,6 +49,7 @@ from gpuclusters.server.routers import (
     console,
     health,
     hosts,
+    query_params,
     registry,
     ssh_keys,
     system,
@@ -69,6 +71,35 @@ REQUESTS = Counter(
     "gpuclusters_http_requests_total", "HTTP requests", ["method", "route", "status"]
 )
 LATENCY = Histogram("gpuclusters_http_request_seconds", "HTTP request latency", ["method", "route"])
+
+
+class MetricsMiddleware:
+    """Request counts and latency by route (Prometheus). Plain ASGI rather
+    than ``@app.middleware("http")``: that wraps every request in extra
+    tasks and streams, a measurable share of a small request's cost."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what the client gets if the app fails before answering
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            REQUESTS.labels(scope["method"], path, str(status)).inc()
+            LATENCY.labels(scope["method"], path).observe(time.perf_counter() - start)
 
 
 async def _bootstrap_config(rt: Runtime) -> None:
@@ -93,7 +124,7 @@ async def _bootstrap_config(rt: Runtime) -> None:
 
 async def build_runtime(settings: Settings) -> Runtime:
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    engine = make_engine(settings.sqlalchemy_url)
+    engine = make_engine(settings.sqlalchemy_url, slow_query_ms=settings.slow_query_ms)
     # Replicas sharing the database and home prepare them one at a time.
     async with startup_lock(engine, settings.home):
         rt = await _prepare_runtime(settings, engine)
@@ -262,21 +293,12 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         version=__version__,
         description=f"Self-hostable GPU clusters. Public API version {API_VERSION}.",
         lifespan=lifespan,
+        dependencies=[Depends(query_params.single_valued_query)],
     )
     errors.install(app)
     openapi.install(app)
 
-    @app.middleware("http")
-    async def _metrics(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        REQUESTS.labels(request.method, path, str(response.status_code)).inc()
-        LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
-        return response
+    app.add_middleware(MetricsMiddleware)
 
     if settings.registry_enabled:
         token_port = settings.registry_token_port

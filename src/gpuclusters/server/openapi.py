@@ -129,3 +129,27 @@ def install(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented hook
+
+
+def _is_array(schema: dict[str, Any]) -> bool:
+    options = schema.get("anyOf") or schema.get("oneOf") or [schema]
+    return any(option.get("type") == "array" for option in options)
+
+
+@cache
+def _repeatable(app: FastAPI) -> dict[tuple[str, str], frozenset[str]]:
+    out: dict[tuple[str, str], frozenset[str]] = {}
+    for path, operations in app.openapi().get("paths", {}).items():
+        for method, operation in operations.items():
+            out[(path, method.upper())] = frozenset(
+                p["name"]
+                for p in operation.get("parameters", [])
+                if p.get("in") == "query" and _is_array(p.get("schema", {}))
+            )
+    return out
+
+
+def repeatable_query(app: FastAPI, path: str, method: str) -> frozenset[str]:
+    """The query parameters of one operation (by its path template) that the
+    document states as arrays: the only ones that may appear more than once."""
+    return _repeatable(app).get((path, "GET" if method == "HEAD" else method), frozenset())

@@ -179,6 +179,9 @@ class Settings(BaseSettings):
     # Controllers.
     reconcile_interval_s: float = Field(default=2.0, gt=0, description="poll period without hints")
     lease_ttl_s: float = Field(default=30.0, gt=0)
+    slow_query_ms: float | None = Field(
+        default=None, gt=0, description="log every SQL statement slower than this"
+    )
     controller_concurrency: int = Field(default=8, ge=1)
     event_retention_h: float = Field(default=72.0, gt=0)
     housekeeping_interval_s: float = Field(default=60.0, gt=0)

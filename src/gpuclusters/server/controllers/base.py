@@ -14,6 +14,13 @@ outlives its leases nor keeps other replicas from the rows this one cannot
 reach yet. The next pass starts after the last row claimed (round robin),
 so rows that wait on something slow do not starve the rest; a pass that
 stopped short asks for another as soon as a task ends.
+
+Passes are *full* (every candidate) when the poll interval has passed since
+the last full one or a hint asked for one; a hint that names rows
+(``Hints.notify_rows``: a node moved, so its cluster may move) runs a
+*targeted* pass over just the named candidates. So the cost of a change is
+the rows it touches, not every row waiting for something, and the periodic
+full pass still catches what no hint announced (another replica's work).
 """
 
 from __future__ import annotations
@@ -61,10 +68,18 @@ class Reconciler(ABC):
         self._stopping = False
         self._last_claimed = ""  # where the next pass starts (round robin)
         self._backlog = False  # the last pass left candidates unclaimed
+        self._last_full = float("-inf")  # when the last full pass ran
+        self._deferred: set[str] = set()  # hinted while in flight: look again after
 
     @abstractmethod
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         """Ids of rows that need work now."""
+
+    async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
+        """The candidates among ``ids`` (a targeted pass). Reconcilers with
+        many rows override it with a query that filters by id, so a pass
+        for a few rows costs a few rows."""
+        return [row_id for row_id in await self.candidates(session) if row_id in ids]
 
     @abstractmethod
     async def reconcile(self, row_id: str, token: str) -> bool:
@@ -101,15 +116,26 @@ class Reconciler(ABC):
     async def run_once(self) -> None:
         """One pass: claim and start work on candidate rows, up to the room
         there is (see the module docstring)."""
-        async with self.ctx.sessionmaker() as session:
-            ids = sorted(set(await self.candidates(session)))
+        full_hint, hinted = self.ctx.hints.take(self.name)
         now = time.monotonic()
+        full = full_hint or not hinted or now - self._last_full >= self.ctx.interval_s
+        async with self.ctx.sessionmaker() as session:
+            if full:
+                found = set(await self.candidates(session))
+            else:
+                found = set(await self.candidates_among(session, hinted)) & hinted
+        if full:
+            self._last_full = now
+        ids = sorted(found)
         # Round robin: start after the row claimed last.
         start = next((i for i, row_id in enumerate(ids) if row_id > self._last_claimed), 0)
         room = 2 * self.ctx.concurrency
         self._backlog = False
         for row_id in ids[start:] + ids[:start]:
-            if row_id in self._inflight or self._retry_at.get(row_id, 0) > now:
+            if row_id in self._inflight:
+                self._deferred.add(row_id)  # it may have changed again meanwhile
+                continue
+            if self._retry_at.get(row_id, 0) > now:
                 continue
             if len(self._inflight) >= room:
                 self._backlog = True
@@ -152,9 +178,14 @@ class Reconciler(ABC):
             except Exception:
                 log.exception("reconciler %s: could not release lease on %s", self.name, row_id)
             self._inflight.pop(row_id, None)
-        again = changed or self._backlog or self.ctx.hints.count(self.name) != hints_before
-        if again and not self._stopping:
+        look_again = changed or row_id in self._deferred
+        self._deferred.discard(row_id)
+        if self._stopping:
+            return
+        if self._backlog or self.ctx.hints.count(self.name) != hints_before:
             self.ctx.hints.notify(self.name)
+        elif look_again:
+            self.ctx.hints.notify_rows(self.name, [row_id])
 
 
 class SteppedReconciler(Reconciler):

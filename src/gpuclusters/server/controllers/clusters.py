@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import Select, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.preemption import preemptible_deficit
@@ -34,7 +34,7 @@ from gpuclusters.core.nodeshell import GatewayTarget
 from gpuclusters.layers.base import ClusterRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
-from gpuclusters.server.controllers.refs import load_cluster_ref, work_probe
+from gpuclusters.server.controllers.refs import cluster_ref, load_cluster_ref, work_probe
 from gpuclusters.server.db.allocation import (
     allocate_nodes,
     free_counts,
@@ -71,20 +71,32 @@ class ClusterReconciler(SteppedReconciler):
         self._to_verify: set[str] = set()
         self._snapshot_taken = False
 
-    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+    @staticmethod
+    def _busy() -> Select[str]:
+        """Live clusters not settled: moving, with a node that is not
+        running (or is going), or with configuration still to apply."""
         unsettled_node = exists().where(
             Node.cluster_id == Cluster.id,
             Node.deleted_at.is_(None),
             (Node.phase != NodePhase.RUNNING.value) | Node.to_delete,
         )
-        busy = await session.scalars(
-            select(Cluster.id).where(
-                Cluster.deleted_at.is_(None),
-                Cluster.status.not_in(_SETTLED)
-                | unsettled_node
-                | (Cluster.config_generation != Cluster.applied_config_generation),
-            )
+        return select(Cluster.id).where(
+            Cluster.deleted_at.is_(None),
+            Cluster.status.not_in(_SETTLED)
+            | unsettled_node
+            | (Cluster.config_generation != Cluster.applied_config_generation),
         )
+
+    async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
+        if not self._snapshot_taken:
+            return await super().candidates_among(session, ids)
+        busy = await session.scalars(self._busy().where(Cluster.id.in_(ids)))
+        pool = await self._pool_candidates(session)
+        ending = await self._ending_candidates(session)
+        return [*busy, *(ids & (self._to_verify | set(pool) | set(ending)))]
+
+    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+        busy = await session.scalars(self._busy())
         if not self._snapshot_taken:
             self._to_verify.update(
                 await session.scalars(
@@ -306,7 +318,21 @@ class ClusterReconciler(SteppedReconciler):
             brings_up = cluster.status == S.WAITING_FOR_CONTROL_PLANE.value or (
                 cluster.status in (S.READY.value, S.DEGRADED.value) and row_id in self._to_verify
             )
-            ref = await load_cluster_ref(session, cluster, self.rt, ssh=brings_up)
+            # The cluster as layers see it (members, nodes, SSH access) only
+            # for the steps that call the layer; waiting for nodes does not.
+            calls_layer = (
+                (cluster.status == S.DELETING.value and not nodes)
+                or brings_up
+                or (
+                    cluster.status in (S.READY.value, S.DEGRADED.value)
+                    and cluster.applied_config_generation != cluster.config_generation
+                )
+            )
+            ref = (
+                await load_cluster_ref(session, cluster, self.rt, ssh=brings_up)
+                if calls_layer
+                else cluster_ref(cluster)
+            )
         status = S(cluster.status)
         layer = self.rt.layer_for(cluster.cluster_type)
         if status not in (S.READY, S.DEGRADED):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 
 CLUSTERS = "clusters"
 NODES = "nodes"
@@ -18,9 +19,16 @@ ACCESS = "access"
 
 
 class Hints:
+    """Per topic: an event that wakes the topic's reconciler, and what the
+    hint was about. ``notify`` asks for a full pass (every candidate);
+    ``notify_rows`` names the rows that changed, so the pass can look at
+    just those (a node that moved wakes its own cluster, not all of them)."""
+
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self._counts: dict[str, int] = {}
+        self._full: set[str] = set()
+        self._rows: dict[str, set[str]] = {}
 
     def _event(self, topic: str) -> asyncio.Event:
         ev = self._events.get(topic)
@@ -31,11 +39,23 @@ class Hints:
     def notify(self, *topics: str) -> None:
         for topic in topics:
             self._counts[topic] = self._counts.get(topic, 0) + 1
+            self._full.add(topic)
             self._event(topic).set()
 
+    def notify_rows(self, topic: str, row_ids: Iterable[str]) -> None:
+        self._rows.setdefault(topic, set()).update(row_ids)
+        self._event(topic).set()
+
+    def take(self, topic: str) -> tuple[bool, set[str]]:
+        """What was asked since the last take: a full pass, and which rows."""
+        full = topic in self._full
+        self._full.discard(topic)
+        return full, self._rows.pop(topic, set())
+
     def count(self, topic: str) -> int:
-        """How many hints ``topic`` has had; lets a worker tell whether one
-        arrived while it was busy (and so may have been consumed unseen)."""
+        """How many full-pass hints ``topic`` has had; lets a worker tell
+        whether one arrived while it was busy (and so may have been
+        consumed unseen)."""
         return self._counts.get(topic, 0)
 
     async def wait(self, topic: str, max_wait_s: float) -> None:

@@ -40,7 +40,12 @@ from gpuclusters.server.controllers.health_runs import (
     record_outcome,
     run_check_on_node,
 )
-from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref, node_spec
+from gpuclusters.server.controllers.refs import (
+    cluster_ref,
+    load_cluster_ref,
+    node_ref,
+    node_spec,
+)
 from gpuclusters.server.db.allocation import PREEMPTED
 from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
 from gpuclusters.server.db.records import close_usage, open_usage, record_event, set_node_phase
@@ -58,6 +63,8 @@ PREEMPTION_NOTICE = "/run/gpuclusters/preemption.json"
 
 # Phases in which a node moves by itself; running, failed and repairing
 # nodes wait for something else (a delete, a repair, a restart's check).
+# Node phases a cluster's status counts (see ``reconcile``).
+_CLUSTER_SEES = {P.RUNNING.value, P.FAILED.value, P.DELETED.value}
 _ACTIVE = tuple(p.value for p in P if p not in (P.RUNNING, P.FAILED, P.REPAIRING, P.DELETED))
 
 
@@ -76,6 +83,11 @@ class NodeReconciler(SteppedReconciler):
         # dead daemons), rebuilt if the instance is gone (e.g. the host
         # rebooted). Nodes that reach running later were just joined.
         self._to_verify = rt.nodes_to_verify
+        # While a node is in a pass: its cluster, and its phase at the start
+        # and after the last write.
+        self._cluster_of: dict[str, str] = {}
+        self._phase_before: dict[str, str] = {}
+        self._phase_after: dict[str, str] = {}
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         """Live nodes in a phase with work to do, by index (never the whole
@@ -94,20 +106,52 @@ class NodeReconciler(SteppedReconciler):
         )
         return [*active, *self._to_verify]
 
+    async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
+        active = await session.scalars(
+            select(Node.id).where(
+                Node.id.in_(ids),
+                Node.deleted_at.is_(None),
+                Node.phase.in_(_ACTIVE) | Node.to_delete,
+            )
+        )
+        return [*active, *(ids & self._to_verify)]
+
     async def reconcile(self, row_id: str, token: str) -> bool:
-        changed = await super().reconcile(row_id, token)
-        if changed:
-            self.ctx.hints.notify(hints.CLUSTERS)  # cluster status follows its nodes
+        try:
+            changed = await super().reconcile(row_id, token)
+        finally:
+            cluster_id = self._cluster_of.pop(row_id, None)
+            before = self._phase_before.pop(row_id, None)
+            after = self._phase_after.pop(row_id, before)
+        # The cluster's status follows its running, failed and deleted nodes:
+        # wake that one cluster when one of those counts moved (a node
+        # passing from booting to bootstrapping changes nothing for it).
+        if cluster_id is not None and before != after and {before, after} & _CLUSTER_SEES:
+            self.ctx.hints.notify_rows(hints.CLUSTERS, [cluster_id])
         return changed
 
     async def step(self, row_id: str, token: str) -> bool:
         async with self.ctx.sessionmaker() as session:
-            node = await session.get_one(Node, row_id)
-            cluster = await session.get_one(Cluster, node.cluster_id)
-            host = await session.get(Host, node.host_id) if node.host_id else None
+            node, cluster, host = (
+                await session.execute(
+                    select(Node, Cluster, Host)
+                    .join(Cluster, Cluster.id == Node.cluster_id)
+                    .outerjoin(Host, Host.id == Node.host_id)
+                    .where(Node.id == row_id)
+                )
+            ).one()
+            self._cluster_of[row_id] = cluster.id
+            self._phase_before.setdefault(row_id, node.phase)
             # SSH access only where a join may (re)start the node's sshd.
             joining = node.phase in (P.BOOTSTRAPPING.value, P.RUNNING.value)
-            cref = await load_cluster_ref(session, cluster, self.rt, ssh=joining)
+            # The cluster as layers see it (its members, its other nodes) only
+            # for the steps that call the layer: placing and booting a node
+            # do not, and loading it costs a query per member table.
+            cref = (
+                await load_cluster_ref(session, cluster, self.rt, ssh=joining, users=joining)
+                if node.deleted_at is None and (node.to_delete or joining)
+                else cluster_ref(cluster)
+            )
         phase = P(node.phase)
         layer = self.rt.layer_for(cluster.cluster_type)
         nref = node_ref(node, host)
@@ -297,6 +341,7 @@ class NodeReconciler(SteppedReconciler):
                     f"have exited, at {deadline.isoformat(timespec='seconds')} at the latest",
                 )
                 await session.commit()
+            self._phase_after[row_id] = P.DRAINING.value
             return True
 
         if phase is P.DRAINING:
@@ -422,4 +467,5 @@ class NodeReconciler(SteppedReconciler):
                         f"node {node.name} removed by scale-down",
                     )
             await session.commit()
+        self._phase_after[row_id] = phase.value
         return True

@@ -77,12 +77,19 @@ async def cluster_users(session: AsyncSession, cluster: Cluster) -> tuple[UnixUs
 
 
 async def load_cluster_ref(
-    session: AsyncSession, cluster: Cluster, rt: Runtime | None = None, *, ssh: bool = False
+    session: AsyncSession,
+    cluster: Cluster,
+    rt: Runtime | None = None,
+    *,
+    ssh: bool = False,
+    users: bool = True,
 ) -> ClusterRef:
     """The cluster as layers see it. With the runtime, also where users
     reach it (the gateway), where the provider has nodes to log in to; with
     ``ssh``, who may log in over SSH (the CAs and members' keys: a few
-    queries that only steps setting up sshd need)."""
+    queries that only steps setting up sshd need). Without ``users`` the
+    members' accounts are left out: taking a node out (cordon, drain,
+    remove) needs none, and they cost three queries."""
     rows = (
         await session.execute(
             select(Node, Host)
@@ -96,8 +103,8 @@ async def load_cluster_ref(
         )
     ).all()
     nodes = tuple(node_ref(n, h) for n, h in rows)
-    users = await cluster_users(session, cluster)
-    ref = cluster_ref(cluster, users, nodes)
+    accounts = await cluster_users(session, cluster) if users or ssh else ()
+    ref = cluster_ref(cluster, accounts, nodes)
     if rt is None or rt.node_access is None:
         return ref
     gateway = GatewayRef(
@@ -105,7 +112,7 @@ async def load_cluster_ref(
         ssh_port=cluster.ssh_port,
         kubernetes_port=cluster.kubernetes_port,
     )
-    access = await ssh_access(session, cluster, users) if ssh else None
+    access = await ssh_access(session, cluster, accounts) if ssh else None
     return replace(ref, gateway=gateway, ssh=access, registry=registry_ref(rt, cluster.id))
 
 

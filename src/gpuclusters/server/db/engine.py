@@ -2,19 +2,44 @@
 
 SQLite gets WAL mode and a busy timeout so API requests and controllers can
 write concurrently without "database is locked" errors; PostgreSQL needs
-nothing special.
+nothing special. With ``slow_query_ms`` set, every statement slower than
+that is logged with its time (``GPUCLUSTERS_SLOW_QUERY_MS``): how to find
+what a busy database spends its time on.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 
+log = logging.getLogger(__name__)
 
-def make_engine(url: str) -> AsyncEngine:
+
+def log_slow_queries(engine: AsyncEngine, threshold_ms: float) -> None:
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _start(_c: Any, _cur: Any, _stmt: str, _p: Any, context: Any, _many: bool) -> None:
+        context._gpuc_started = time.perf_counter()
+
+    @event.listens_for(engine.sync_engine, "after_cursor_execute")
+    def _end(_c: Any, _cur: Any, statement: str, _p: Any, context: Any, _many: bool) -> None:
+        took = (time.perf_counter() - context._gpuc_started) * 1000
+        if took >= threshold_ms:
+            log.warning("slow query (%.1f ms): %s", took, " ".join(statement.split()))
+
+
+def make_engine(url: str, *, slow_query_ms: float | None = None) -> AsyncEngine:
+    engine = _make_engine(url)
+    if slow_query_ms is not None:
+        log_slow_queries(engine, slow_query_ms)
+    return engine
+
+
+def _make_engine(url: str) -> AsyncEngine:
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
 

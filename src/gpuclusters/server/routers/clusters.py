@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Request, Response
 
 from gpuclusters.core import models as api
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
+from gpuclusters.server.routers.json import json_response
 from gpuclusters.server.routers.paging import PAGED, PageDep, link_next
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.services import clusters, credentials, nodes, ssh, usage
@@ -31,13 +32,13 @@ async def list_clusters(
     rt: RuntimeDep,
     page: PageDep,
     request: Request,
-    response: Response,
-) -> list[api.Cluster]:
+) -> Response:
     result = await clusters.list_clusters(
         session, principal=principal, project_name=project, limit=page.limit, cursor=page.cursor
     )
+    response = json_response([_registry(rt, v) for v in result.items], list[api.Cluster])
     link_next(request, response, result.next_cursor)
-    return [_registry(rt, v) for v in result.items]
+    return response
 
 
 @router.post("/clusters", response_model=api.Cluster, status_code=201)
@@ -59,9 +60,9 @@ async def create_cluster(
 @router.get("/clusters/{name}", response_model=api.Cluster)
 async def get_cluster(
     project: str, name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
-) -> api.Cluster:
+) -> Response:
     view = await clusters.get_cluster(session, principal=principal, project_name=project, name=name)
-    return _registry(rt, view)
+    return json_response(_registry(rt, view), api.Cluster)
 
 
 @router.patch("/clusters/{name}", response_model=api.Cluster)
@@ -166,10 +167,9 @@ async def list_nodes(
     principal: PrincipalDep,
     page: PageDep,
     request: Request,
-    response: Response,
     cluster: str | None = None,
     include_deleted: bool = False,
-) -> list[api.Node]:
+) -> Response:
     result = await nodes.list_nodes(
         session,
         principal=principal,
@@ -179,8 +179,9 @@ async def list_nodes(
         limit=page.limit,
         cursor=page.cursor,
     )
+    response = json_response(result.items, list[api.Node])
     link_next(request, response, result.next_cursor)
-    return result.items
+    return response
 
 
 @router.get("/nodes/{name}", response_model=api.Node)
