@@ -19,14 +19,17 @@ fresh home, boot delay 0) over a generated fleet of ``--hosts`` hosts and:
 5. **delete**: deletes every cluster and times it until no live cluster or
    node is left (nodes/s).
 
-Readiness is read from the database itself (a count per status every 0.2 s),
+Readiness is read from the database itself (a count per status every 0.2 s,
+printed at most every 5 s),
 so the watching adds no API load.  ``--replicas 2`` starts two servers on the
 same home and database (PostgreSQL only; see docs/ha.md) and sends the creates
 to them in turn; ``--kill`` then kills the second with SIGKILL halfway through
 the creates and prints how long the survivor takes to finish the work.
 
 The fake provider makes nodes instantly, so the figures are the control
-plane's own cost: API, database, placement and reconcilers.
+plane's own cost: API, database, placement and reconcilers. Each run's home
+(server logs, SQLite database) is removed at the end; ``BENCH_KEEP_HOME=1``
+keeps it, e.g. with ``GPUCLUSTERS_SLOW_QUERY_MS=50`` to read slow queries.
 
     .venv/bin/python bench/control_plane.py --hosts 10000 --clusters 1000 --nodes 10
     .venv/bin/python bench/control_plane.py --db postgresql --replicas 2 --kill \\
@@ -40,6 +43,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -161,7 +165,19 @@ def start_replica(fleet: Fleet, index: int, hosts_file: Path, profile: str | Non
         cmd = [sys.executable, os.environ["BENCH_SERVER_WRAPPER"], *cmd[1:]]
     if profile:
         spy = Path(sys.executable).parent / "py-spy"
-        cmd = [str(spy), "record", "--format", "raw", "-r", "50", "-o", profile, "--", *cmd]
+        cmd = [
+            str(spy),
+            "record",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "-r",
+            "50",
+            "-o",
+            profile,
+            "--",
+            *cmd,
+        ]
     log = fleet.home / f"server-{index}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -193,11 +209,15 @@ async def counts(engine: AsyncEngine) -> tuple[dict[str, int], dict[str, int]]:
         return {str(s): int(n) for s, n in cl}, {str(p): int(n) for p, n in nd}
 
 
+PROGRESS_EVERY_S = 5.0  # a progress line at most this often (counts are polled every 0.2 s)
+
+
 async def wait_counts(engine: AsyncEngine, clusters: int, nodes: int, limit_s: float) -> float:
     """Seconds until exactly `clusters` live clusters, all ready, and `nodes`
     live nodes, all running (0 and 0: everything gone)."""
     t = time.perf_counter()
     last = ""
+    shown = -PROGRESS_EVERY_S
     while time.perf_counter() - t < limit_s:
         cl, nd = await counts(engine)
         ok_c = sum(cl.values()) == clusters and cl.get("ready", 0) == clusters
@@ -205,9 +225,11 @@ async def wait_counts(engine: AsyncEngine, clusters: int, nodes: int, limit_s: f
         if ok_c and ok_n:
             return time.perf_counter() - t
         state = f"clusters {cl} nodes {nd}"
-        if state != last:
-            print(f"  ... {time.perf_counter() - t:6.1f} s  {state}", file=sys.stderr)
-            last = state
+        elapsed = time.perf_counter() - t
+        if state != last and elapsed - shown >= PROGRESS_EVERY_S:
+            print(f"  ... {elapsed:6.1f} s  {state}", file=sys.stderr)
+            shown = elapsed
+        last = state
         await asyncio.sleep(0.2)
     raise SystemExit(f"did not converge in {limit_s} s: {last}")
 
@@ -414,6 +436,10 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
                 except subprocess.TimeoutExpired:
                     r.proc.kill()
                     r.proc.wait()
+            if os.environ.get("BENCH_KEEP_HOME"):
+                print(f"kept the server's home (logs, database): {home}", flush=True)
+            else:
+                shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:

@@ -151,10 +151,13 @@ async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
             volumes_dir=settings.volumes_dir,
         ),
     )
+    api_engine = make_engine(settings.sqlalchemy_url, slow_query_ms=settings.slow_query_ms)
     rt = Runtime(
         settings=settings,
         engine=engine,
         sessionmaker=sessionmaker,
+        api_engine=api_engine,
+        api_sessionmaker=make_sessionmaker(api_engine),
         provider=provider,
         volumes=VolumeStore(settings.volumes_dir or settings.home / "volumes"),
         layers=layers_for_provider(provider, k8s_bin_dir=settings.k8s_bin),
@@ -286,6 +289,8 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
             await rt.provider.close()
             if rt.registry is not None:
                 await rt.registry.daemon.stop()
+            if rt.api_engine is not None:
+                await rt.api_engine.dispose()
             await rt.engine.dispose()
 
     app = FastAPI(

@@ -21,7 +21,7 @@ def get_runtime(request: Request) -> Runtime:
 
 
 async def get_session(rt: Annotated[Runtime, Depends(get_runtime)]) -> AsyncIterator[AsyncSession]:
-    async with rt.sessionmaker() as session:
+    async with rt.request_sessionmaker() as session:
         yield session
 
 

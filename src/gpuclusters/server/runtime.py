@@ -30,9 +30,15 @@ from gpuclusters.server.settings import Settings
 class Runtime:
     settings: Settings
     engine: AsyncEngine
+    # Controllers, housekeeping and start-up work on ``sessionmaker``.
     sessionmaker: async_sessionmaker[AsyncSession]
     provider: NodeProvider
     volumes: VolumeStore
+    # API requests get connections from a pool of their own, so a burst of
+    # controller steps can never make a request wait for a connection (on
+    # PostgreSQL a shared pool made creates wait up to its 30 s timeout).
+    api_engine: AsyncEngine | None = None
+    api_sessionmaker: async_sessionmaker[AsyncSession] | None = None
     hints: Hints = field(default_factory=Hints)
     layers: dict[ClusterType, ClusterLayer] = field(default_factory=dict)
     # Held while a request places nodes on hosts (see services.allocation).
@@ -47,6 +53,11 @@ class Runtime:
     registry: RegistryRuntime | None = None
     # GPU samples from the node agents' heartbeats, for the console's charts.
     telemetry: TelemetryHistory = field(default_factory=TelemetryHistory)
+
+    @property
+    def request_sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+        """Where API requests get their sessions (their own pool if set)."""
+        return self.api_sessionmaker or self.sessionmaker
 
     @property
     def node_access(self) -> NodeAccess | None:

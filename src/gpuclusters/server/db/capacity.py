@@ -4,7 +4,6 @@ paid for. Reads only; callers own the transaction."""
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -106,17 +105,21 @@ async def billing_for(session: AsyncSession, node: Node, cluster: Cluster, at: d
         region=cluster.region,
         at=at,
     )
-    live = Counter(
-        await session.scalars(
-            select(UsageRecord.billing).where(
-                UsageRecord.project_id == node.project_id,
-                UsageRecord.gpu_type == cluster.gpu_type,
-                UsageRecord.ended_at.is_(None),
-                UsageRecord.compute_class == ComputeClass.STANDARD.value,
-            )
+    if not any(held.get(kind, 0) >= GPUS_PER_NODE for kind in (RESERVED, POOL)):
+        return ON_DEMAND  # no window to fill: no need to count the live nodes
+    # Counted in the database: a project may have thousands of live nodes.
+    counts = await session.execute(
+        select(UsageRecord.billing, func.count())
+        .where(
+            UsageRecord.project_id == node.project_id,
+            UsageRecord.gpu_type == cluster.gpu_type,
+            UsageRecord.ended_at.is_(None),
+            UsageRecord.compute_class == ComputeClass.STANDARD.value,
         )
+        .group_by(UsageRecord.billing)
     )
+    live = {billing: int(n) for billing, n in counts}
     for kind in (RESERVED, POOL):
-        if live[kind] < held.get(kind, 0) // GPUS_PER_NODE:
+        if live.get(kind, 0) < held.get(kind, 0) // GPUS_PER_NODE:
             return kind
     return ON_DEMAND

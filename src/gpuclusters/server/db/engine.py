@@ -5,6 +5,12 @@ write concurrently without "database is locked" errors; PostgreSQL needs
 nothing special. With ``slow_query_ms`` set, every statement slower than
 that is logged with its time (``GPUCLUSTERS_SLOW_QUERY_MS``): how to find
 what a busy database spends its time on.
+
+A server makes two engines: one for API requests and one for everything
+else (controllers, housekeeping), so neither can starve the other of
+connections (``server/runtime.py``). On PostgreSQL each pool holds up to
+20 connections: a replica opens at most 40, which with several replicas
+must stay under the server's ``max_connections`` (100 by default).
 """
 
 from __future__ import annotations
