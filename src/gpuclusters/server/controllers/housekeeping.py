@@ -19,7 +19,8 @@ a create.
 With several server replicas one does the chores for all: the holder of the
 ``housekeeping`` controller lease, renewed at every pass; when it dies the
 lease expires and another replica takes over. The chores look at ids and the
-few rows that need something, never load the whole fleet's rows.
+few rows that need something, never load the whole fleet's rows, and ask the
+provider for one listing per pass, not one call per node.
 """
 
 from __future__ import annotations
@@ -70,10 +71,19 @@ async def check_running_nodes(rt: Runtime) -> int:
                 )
             )
         ).all()
+    if not nodes:
+        return 0
+    # One listing for the whole fleet; only the nodes it shows as failed or
+    # does not show at all (a silent host lists nothing, a node may have
+    # been made since) are asked about one by one.
+    listed = {i.node_id: i for i in await rt.provider.list_instances()}
     failed = 0
     for node_id, node_name in nodes:
         if node_id in rt.nodes_to_verify:
             continue  # not yet checked since start: the node reconciler rebuilds it if lost
+        seen = listed.get(node_id)
+        if seen is not None and seen.state not in (InstanceState.MISSING, InstanceState.FAILED):
+            continue
         try:
             inst = await rt.provider.status(node_id)
         except ProviderError as exc:

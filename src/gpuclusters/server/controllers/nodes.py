@@ -61,10 +61,10 @@ AGENT_TOKEN_PATH = "/etc/gpuclusters/agent-token"
 PREEMPTION_NOTICE = "/run/gpuclusters/preemption.json"
 
 
-# Phases in which a node moves by itself; running, failed and repairing
-# nodes wait for something else (a delete, a repair, a restart's check).
 # Node phases a cluster's status counts (see ``reconcile``).
 _CLUSTER_SEES = {P.RUNNING.value, P.FAILED.value, P.DELETED.value}
+# Phases in which a node moves by itself; running, failed and repairing
+# nodes wait for something else (a delete, a repair, a restart's check).
 _ACTIVE = tuple(p.value for p in P if p not in (P.RUNNING, P.FAILED, P.REPAIRING, P.DELETED))
 
 
