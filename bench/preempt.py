@@ -74,7 +74,7 @@ class Bench(BenchServer):
         return dict(r.json())
 
     def events(self, reason: str) -> list[dict[str, Any]]:
-        r = self.api.get(f"{P}/events", params={"cluster": "pb"})
+        r = self.api.get(f"{P}/events", params={"limit": 1000, "cluster": "pb"})
         return [e for e in r.json() if e["reason"] == reason]
 
     def setup(self) -> None:

@@ -223,7 +223,7 @@ def test_events_table(api: FakeApi) -> None:
     assert result.exit_code == 0, result.output
     assert "TIME" in result.stdout and "REASON" in result.stdout
     assert "Preempted" in result.stdout and "host reclaimed (x2)" in result.stdout
-    assert dict(api.requests[0].url.params) == {"cluster": "train"}
+    assert dict(api.requests[0].url.params) == {"cluster": "train", "limit": "1000"}
 
 
 def test_api_key_is_printed_with_a_shown_once_warning(api: FakeApi) -> None:
@@ -670,6 +670,34 @@ def test_hosts_reclaim_and_uncordon(api: FakeApi) -> None:
     assert [r.url.path for r in api.requests] == [
         "/v1/hosts/h100-a-01/reclaim",
         "/v1/hosts/h100-a-01/uncordon",
+    ]
+
+
+def test_hosts_list_pages_and_get_reads_one_host(api: FakeApi) -> None:
+    second = {**host_json("available"), "name": "h100-a-02", "node": None, "cluster": None}
+    api.on(
+        "GET",
+        "/v1/hosts",
+        httpx.Response(200, json=[host_json()], headers={"X-Next-Cursor": "c1"}),
+        ok([second]),
+        httpx.Response(200, json=[host_json()], headers={"X-Next-Cursor": "c1"}),
+    )
+    api.on("GET", "/v1/hosts/h100-a-02", ok(second))
+
+    every = run("hosts", "list", "-o", "json")
+    assert every.exit_code == 0, every.output
+    assert [h["name"] for h in json.loads(every.stdout)] == ["h100-a-01", "h100-a-02"]
+    one = run("hosts", "list", "--limit", "1")
+    assert one.exit_code == 0, one.output
+    assert "h100-a-01" in one.stdout and "h100-a-02" not in one.stdout
+    assert "more: --cursor c1" in one.stderr
+    got = run("hosts", "get", "h100-a-02", "-o", "json")
+    assert got.exit_code == 0 and json.loads(got.stdout)["name"] == "h100-a-02", got.output
+    assert [dict(r.url.params) for r in api.requests] == [
+        {"limit": "1000"},
+        {"limit": "1000", "cursor": "c1"},
+        {"limit": "1"},
+        {},
     ]
 
 

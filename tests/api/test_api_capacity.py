@@ -191,7 +191,9 @@ async def test_scheduled_cluster_starts_and_ends_with_its_window(api: ApiHarness
     await api.wait_cluster("sched", {"ready"})
     # It ends within 24 h: every node is warned, once.
     for _ in range(100):
-        events = (await api.client.get(f"{P}/events", params={"cluster": "sched"})).json()
+        events = (
+            await api.client.get(f"{P}/events", params={"limit": 1000, "cluster": "sched"})
+        ).json()
         if any(e["reason"] == "ReservationEnding" for e in events):
             break
         await asyncio.sleep(0.05)

@@ -44,11 +44,13 @@ async def test_create_reaches_ready_with_nodes_on_distinct_hosts_in_one_island(
     assert all(n["compute_class"] == "standard" and "-standard-" in n["name"] for n in nodes)
     assert ready["volume"] == "demo-shared"
 
-    hosts = {h["name"]: h for h in (await api.client.get("/v1/hosts")).json()}
+    hosts = {
+        h["name"]: h for h in (await api.client.get("/v1/hosts", params={"limit": 1000})).json()
+    }
     assert len({hosts[n["host"]]["ib_island"] for n in nodes}) == 1
     assert all(hosts[n["host"]]["cluster"] == "demo" for n in nodes)
 
-    events = (await api.client.get(f"{P}/events", params={"cluster": "demo"})).json()
+    events = (await api.client.get(f"{P}/events", params={"limit": 1000, "cluster": "demo"})).json()
     assert sorted(e["reason"] for e in events) == ["NodeAdded", "NodeAdded"]
     assert {e["node"] for e in events} == {n["name"] for n in nodes}
 
@@ -126,7 +128,7 @@ async def test_capacity_unavailable_changes_nothing(api: ApiHarness) -> None:
     assert "16 free" in body["message"] and "H100_SXM" in body["message"]
     assert (await api.client.get(f"{P}/clusters")).json() == []
     assert (await api.client.get(f"{P}/volumes")).json() == []
-    hosts = (await api.client.get("/v1/hosts")).json()
+    hosts = (await api.client.get("/v1/hosts", params={"limit": 1000})).json()
     assert all(h["node"] is None for h in hosts)
 
 
@@ -138,7 +140,7 @@ async def test_scale_up_then_down(api: ApiHarness) -> None:
     assert r.json()["status"] == "waiting_for_nodes"
     ready = await api.wait_cluster("demo", {"ready"})
     assert len(ready["nodes"]) == 4 and ready["num_gpus"] == 32
-    events = (await api.client.get(f"{P}/events", params={"cluster": "demo"})).json()
+    events = (await api.client.get(f"{P}/events", params={"limit": 1000, "cluster": "demo"})).json()
     assert sum(e["reason"] == "ScaledUp" for e in events) == 2
 
     first_two = {n["name"] for n in ready["nodes"][:2]}
@@ -157,7 +159,7 @@ async def test_scale_up_then_down(api: ApiHarness) -> None:
     ).json()
     gone = [n for n in everything if n["deleted_at"] is not None]
     assert len(gone) == 2 and {n["phase"] for n in gone} == {"deleted"}
-    events = (await api.client.get(f"{P}/events", params={"cluster": "demo"})).json()
+    events = (await api.client.get(f"{P}/events", params={"limit": 1000, "cluster": "demo"})).json()
     assert sum(e["reason"] == "ScaledDown" for e in events) == 2
     final = await api.wait_cluster("demo", {"ready"})
     assert len(final["nodes"]) == 2
@@ -198,7 +200,7 @@ async def test_delete_keeps_volume_unless_asked(api: ApiHarness) -> None:
         ("demo-shared", "available", None)
     ]
     assert (api.settings.home / "volumes").is_dir()
-    hosts = (await api.client.get("/v1/hosts")).json()
+    hosts = (await api.client.get("/v1/hosts", params={"limit": 1000})).json()
     assert all(h["node"] is None for h in hosts)
 
     # The kept volume can be attached to a new cluster.
@@ -226,7 +228,7 @@ async def test_deleted_clusters_nodes_and_events_stay_listed(api: ApiHarness) ->
     assert old.status_code == 200
     assert [n["phase"] for n in old.json()] == ["deleted", "deleted"]
     assert all(n["deleted_at"] for n in old.json())
-    events = (await api.client.get(f"{P}/events", params={"cluster": "demo"})).json()
+    events = (await api.client.get(f"{P}/events", params={"limit": 1000, "cluster": "demo"})).json()
     assert sorted(e["reason"] for e in events) == ["NodeAdded", "NodeAdded"]
 
 
@@ -240,7 +242,7 @@ async def test_concurrent_creates_fill_the_fleet_without_double_booking(api: Api
     # 9 clusters of 2 nodes ask for 18 of the 16 H100 hosts, all at once.
     codes = await asyncio.gather(*(create(i) for i in range(9)))
     assert sorted(codes) == [201] * 8 + [409]
-    hosts = (await api.client.get("/v1/hosts")).json()
+    hosts = (await api.client.get("/v1/hosts", params={"limit": 1000})).json()
     used = [h for h in hosts if h["node"] is not None]
     assert len(used) == 16 and {h["gpu_type"] for h in used} == {"H100_SXM"}
     clusters = (await api.client.get(f"{P}/clusters")).json()

@@ -38,5 +38,5 @@ async def test_old_events_expire(api: ApiHarness) -> None:
         )
         await s.commit()
     assert await expire_events(rt) == 1
-    events = (await api.client.get(f"{P}/events")).json()
+    events = (await api.client.get(f"{P}/events", params={"limit": 1000})).json()
     assert len(events) == 1 and events[0]["node"] != first.node_name

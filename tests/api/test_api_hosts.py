@@ -130,7 +130,7 @@ async def _heartbeat(
 
 
 async def _hosts(api: ApiHarness) -> dict[str, dict[str, Any]]:
-    r = await api.client.get("/v1/hosts")
+    r = await api.client.get("/v1/hosts", params={"limit": 1000})
     assert r.status_code == 200, r.text
     return {h["name"]: h for h in r.json()}
 
@@ -159,7 +159,7 @@ async def test_only_org_admins_make_join_tokens(api: ApiHarness) -> None:
         async with api.as_key(await _key(api, user, role)) as c:
             r = await c.post("/v1/hosts/join-tokens", json={"name": AGENT})
             _error(r, 403, "forbidden")
-            _error(await c.get("/v1/hosts"), 403, "forbidden")
+            _error(await c.get("/v1/hosts", params={"limit": 1000}), 403, "forbidden")
             _error(await c.post(f"/v1/hosts/{AGENT}/drain"), 403, "forbidden")
             _error(await c.delete(f"/v1/hosts/{AGENT}"), 403, "forbidden")
     async with api.runtime.sessionmaker() as s:

@@ -34,7 +34,9 @@ async def test_vanished_node_degrades_cluster(api: ApiHarness) -> None:
     phases = {n["name"]: n["phase"] for n in degraded["nodes"]}  # type: ignore[union-attr]
     assert phases[victim.name] == "failed"
     assert "1/2" in str(degraded["status_message"])
-    events = (await api.client.get(f"{P}/events", params={"node": victim.name})).json()
+    events = (
+        await api.client.get(f"{P}/events", params={"limit": 1000, "node": victim.name})
+    ).json()
     assert "NodeFailed" in {e["reason"] for e in events}
 
 

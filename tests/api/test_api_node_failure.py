@@ -27,11 +27,11 @@ async def test_failed_node_fails_the_cluster(api: ApiHarness) -> None:
     assert done["status"] == "failed"
     assert "failed" in done["status_message"]
     assert done["nodes"][0]["phase"] == "failed"
-    events = (await api.client.get(f"{P}/events")).json()
+    events = (await api.client.get(f"{P}/events", params={"limit": 1000})).json()
     assert [e["reason"] for e in events] == ["NodeFailed"]
 
     # A failed cluster can still be deleted, and its host comes back.
     assert (await api.client.delete(f"{P}/clusters/demo")).status_code == 202
     await api.wait_cluster("demo", {"gone"})
-    hosts = (await api.client.get("/v1/hosts")).json()
+    hosts = (await api.client.get("/v1/hosts", params={"limit": 1000})).json()
     assert all(h["node"] is None for h in hosts)

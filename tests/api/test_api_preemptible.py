@@ -66,7 +66,7 @@ def _preemptible(c: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def _events(api: ApiHarness, cluster: str) -> list[dict[str, Any]]:
-    r = await api.client.get(f"{P}/events", params={"cluster": cluster})
+    r = await api.client.get(f"{P}/events", params={"limit": 1000, "cluster": cluster})
     r.raise_for_status()
     return list(r.json())
 
@@ -158,7 +158,9 @@ async def test_admin_reclaims_a_host_and_gives_it_back(api: ApiHarness) -> None:
     assert _preemptible(p1)[0]["host"] != pre["host"]
     reasons = {e["reason"] for e in await _events(api, "p1") if e["node"] == pre["name"]}
     assert {"PreemptionNotified", "Preempted"} <= reasons
-    hosts = {h["name"]: h for h in (await api.client.get("/v1/hosts")).json()}
+    hosts = {
+        h["name"]: h for h in (await api.client.get("/v1/hosts", params={"limit": 1000})).json()
+    }
     assert hosts[pre["host"]]["state"] == "cordoned" and hosts[pre["host"]]["node"] is None
 
     r = await api.client.post(f"/v1/hosts/{pre['host']}/uncordon")

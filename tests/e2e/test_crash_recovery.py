@@ -47,7 +47,7 @@ def nodes_of(
 
 
 def hosts_in_use(api: httpx.Client) -> dict[str, dict[str, Any]]:
-    r = api.get("/v1/hosts")
+    r = api.get("/v1/hosts", params={"limit": 1000})
     r.raise_for_status()
     return {h["name"]: h for h in r.json() if h["node"] is not None}
 
@@ -220,7 +220,7 @@ def test_orphaned_instance_is_collected_at_start(server_factory: Servers) -> Non
     with server.client() as api:
         create_cluster(api, "keep", 16)
         wait_ready(server, api, "keep", timeout=30)
-        r = api.get("/v1/hosts")
+        r = api.get("/v1/hosts", params={"limit": 1000})
         r.raise_for_status()
         free = [h["name"] for h in r.json() if h["node"] is None and h["gpu_type"] == "H100_SXM"]
     assert free
@@ -312,7 +312,7 @@ def test_kill9_during_a_reclaim_converges(server_factory: Servers) -> None:
             timeout=30,
             interval=0.2,
         )
-        events = api.get(f"{PROJECT}/events", params={"cluster": "p1"}).json()
+        events = api.get(f"{PROJECT}/events", params={"limit": 1000, "cluster": "p1"}).json()
         preempted = [e for e in events if e["reason"] == "Preempted"]
         assert len(preempted) == 1 and preempted[0]["count"] == 1, events
         assert len(nodes_of(api, "s2", include_deleted=True)) == 2  # made once

@@ -143,10 +143,19 @@ def events(
     node: Annotated[
         str | None, typer.Option("--node", help="only this node", show_default=False)
     ] = None,
+    limit: LimitOpt = None,
+    cursor: CursorOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Node lifecycle events (scaling, failures, preemptions), newest first."""
+    """Node lifecycle events (scaling, failures, preemptions), newest first
+    (every page, or one with --limit / --cursor)."""
     with open_client(project) as client:
-        items = client.events.list(cluster, node=node)
+        next_cursor = None
+        if limit is None and cursor is None:
+            items = client.events.list(cluster, node=node)
+        else:
+            page = client.events.page(cluster, node=node, limit=limit, cursor=cursor)
+            items, next_cursor = page.items, page.next_cursor
         emit(output, items, render=lambda: events_table(items), empty="no events")
+        note_next_page(next_cursor)

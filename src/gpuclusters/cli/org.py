@@ -18,10 +18,13 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from gpuclusters.cli.context import (
+    CursorOpt,
+    LimitOpt,
     OutputFormat,
     OutputOpt,
     ProjectOpt,
     api_command,
+    note_next_page,
     open_client,
     stderr_console,
 )
@@ -265,11 +268,31 @@ def api_keys_create(
 
 @hosts_app.command("list")
 @api_command
-def hosts_list(output: OutputOpt = OutputFormat.TABLE) -> None:
-    """List the fleet's hosts and what runs on them."""
+def hosts_list(
+    limit: LimitOpt = None, cursor: CursorOpt = None, output: OutputOpt = OutputFormat.TABLE
+) -> None:
+    """List the fleet's hosts and what runs on them (every page, or one
+    with --limit / --cursor)."""
     with open_client() as client:
-        hosts = client.hosts.list()
+        next_cursor = None
+        if limit is None and cursor is None:
+            hosts = client.hosts.list()
+        else:
+            page = client.hosts.page(limit=limit, cursor=cursor)
+            hosts, next_cursor = page.items, page.next_cursor
     emit(output, hosts, render=lambda: hosts_table(hosts), empty="no hosts")
+    note_next_page(next_cursor)
+
+
+@hosts_app.command("get")
+@api_command
+def hosts_get(
+    name: Annotated[str, typer.Argument(help="host name")], output: OutputOpt = OutputFormat.TABLE
+) -> None:
+    """Show one host and the node on it."""
+    with open_client() as client:
+        host = client.hosts.get(name)
+    emit(output, host, render=lambda: hosts_table([host]))
 
 
 HostArg = Annotated[str, typer.Argument(help="host name (see `hosts list`)")]

@@ -64,9 +64,27 @@ class EventsAPI:
     def list(
         self, cluster: str | None = None, *, node: str | None = None
     ) -> builtins.list[NodeEvent]:
-        """Node events, newest first, optionally for one cluster and/or node."""
-        return self._s.get_list(
+        """Node events, newest first, optionally for one cluster and/or node
+        (all pages)."""
+        return self._s.get_all(
             self._s.project_path("events"), NodeEvent, params={"cluster": cluster, "node": node}
+        )
+
+    def page(
+        self,
+        cluster: str | None = None,
+        *,
+        node: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[NodeEvent]:
+        """One page of events, newest first; pass ``next_cursor`` back for the next."""
+        return self._s.get_page(
+            self._s.project_path("events"),
+            NodeEvent,
+            params={"cluster": cluster, "node": node},
+            limit=limit,
+            cursor=cursor,
         )
 
 

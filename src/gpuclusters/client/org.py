@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuclusters.client._session import Session, body_of, quote_name
-from gpuclusters.core.errors import NotFoundError
 from gpuclusters.core.models import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -27,6 +26,7 @@ from gpuclusters.core.models import (
     Region,
     User,
 )
+from gpuclusters.core.paging import Page
 
 
 class ProjectsAPI:
@@ -87,8 +87,15 @@ class HostsAPI:
         self._s = session
 
     def list(self) -> builtins.list[Host]:
-        """The fleet (org admins only)."""
-        return self._s.get_list("/v1/hosts", Host)
+        """The whole fleet (org admins only; all pages)."""
+        return self._s.get_all("/v1/hosts", Host)
+
+    def page(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Host]:
+        """One page of hosts; pass ``next_cursor`` back for the next."""
+        return self._s.get_page("/v1/hosts", Host, limit=limit, cursor=cursor)
+
+    def get(self, name: str) -> Host:
+        return self._s.get(f"/v1/hosts/{quote_name(name)}", Host)
 
     def reclaim(self, name: str) -> Host:
         """Take the host back from the preemptible pool (preempting the node
@@ -101,12 +108,6 @@ class HostsAPI:
 
     def uncordon(self, name: str) -> Host:
         return self._s.send("POST", f"/v1/hosts/{name}/uncordon", model=Host)
-
-    def get(self, name: str) -> Host:
-        for host in self.list():
-            if host.name == name:
-                return host
-        raise NotFoundError(f"host {name!r} not found in the fleet", field="name")
 
     def drain(self, name: str) -> Host:
         """Cordon the host and move whatever runs there elsewhere."""

@@ -153,8 +153,12 @@ class Host(Base):
     """Fleet inventory, synced from the provider's fleet at start."""
 
     __tablename__ = "hosts"
-    # Placement counts and picks free hosts of one kind, island by island.
-    __table_args__ = (Index("ix_hosts_kind", "gpu_type", "region", "ib_island", "name"),)
+    # Placement counts and picks free hosts of one kind, island by island;
+    # the host list pages by (created_at, name).
+    __table_args__ = (
+        Index("ix_hosts_kind", "gpu_type", "region", "ib_island", "name"),
+        Index("ix_hosts_created", "created_at", "name"),
+    )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     region: Mapped[str] = mapped_column(String(64))
@@ -332,7 +336,11 @@ class NodeEvent(Base):
     and timestamp instead of adding a row (contract: deduplicated)."""
 
     __tablename__ = "node_events"
-    __table_args__ = (UniqueConstraint("node_id", "reason"),)
+    # The event list pages a project's events newest first.
+    __table_args__ = (
+        UniqueConstraint("node_id", "reason"),
+        Index("ix_node_events_project_time", "project_id", "timestamp", "node_name"),
+    )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)

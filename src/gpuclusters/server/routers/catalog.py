@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request, Response
 
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
+from gpuclusters.server.routers.json import json_response
+from gpuclusters.server.routers.paging import PAGED, PageDep, link_next
 from gpuclusters.server.services import capacity, catalog, tenancy
 
 router = APIRouter(prefix="/v1")
@@ -28,9 +30,21 @@ async def regions(session: SessionDep, principal: PrincipalDep) -> list[api.Regi
     return await catalog.list_regions(session)
 
 
-@router.get("/hosts", response_model=list[api.Host])
-async def hosts(session: SessionDep, principal: PrincipalDep) -> list[api.Host]:
-    return await catalog.list_hosts(session, principal=principal)
+@router.get("/hosts", response_model=list[api.Host], responses=PAGED)
+async def hosts(
+    session: SessionDep, principal: PrincipalDep, page: PageDep, request: Request
+) -> Response:
+    result = await catalog.list_hosts(
+        session, principal=principal, limit=page.limit, cursor=page.cursor
+    )
+    response = json_response(result.items, list[api.Host])
+    link_next(request, response, result.next_cursor)
+    return response
+
+
+@router.get("/hosts/{name}", response_model=api.Host)
+async def get_host(name: str, session: SessionDep, principal: PrincipalDep) -> api.Host:
+    return await catalog.get_host(session, principal=principal, name=name)
 
 
 @router.post("/hosts/{name}/reclaim", response_model=api.Host)

@@ -200,17 +200,28 @@ async def update_node(
     )
 
 
-@router.get("/events", response_model=list[api.NodeEvent])
+@router.get("/events", response_model=list[api.NodeEvent], responses=PAGED)
 async def list_events(
     project: str,
     session: SessionDep,
     principal: PrincipalDep,
+    page: PageDep,
+    request: Request,
     cluster: str | None = None,
     node: str | None = None,
-) -> list[api.NodeEvent]:
-    return await nodes.list_events(
-        session, principal=principal, project_name=project, cluster=cluster, node=node
+) -> Response:
+    result = await nodes.list_events(
+        session,
+        principal=principal,
+        project_name=project,
+        cluster=cluster,
+        node=node,
+        limit=page.limit,
+        cursor=page.cursor,
     )
+    response = json_response(result.items, list[api.NodeEvent])
+    link_next(request, response, result.next_cursor)
+    return response
 
 
 @router.get("/usage", response_model=api.UsageReport)

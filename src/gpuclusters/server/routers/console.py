@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import pydantic
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -56,6 +56,12 @@ from gpuclusters.server.services.console import SignedIn
 ASSETS = Path(__file__).resolve().parent.parent / "console"
 STATIC_DIR = ASSETS / "static"
 COOKIE = "gpc_console"
+# How much of a long list a page shows: the overview's recent events, a
+# cluster's or node's events, and the hosts per fleet page (the rest are a
+# "next" link away; the API and CLI page through all of them).
+RECENT_EVENTS = 20
+CLUSTER_EVENTS = 30
+FLEET_HOSTS = 200
 
 templates = Jinja2Templates(directory=str(ASSETS / "templates"))
 router = APIRouter(include_in_schema=False)
@@ -163,9 +169,16 @@ async def overview(request: Request, session: SessionDep, who: SignedInDep) -> H
             await clusters.list_clusters(session, principal=who.principal, project_name=p.name)
         ).items:
             rows.append((p, c))
-        for e in await nodes.list_events(
-            session, principal=who.principal, project_name=p.name, cluster=None, node=None
-        ):
+        for e in (
+            await nodes.list_events(
+                session,
+                principal=who.principal,
+                project_name=p.name,
+                cluster=None,
+                node=None,
+                limit=RECENT_EVENTS,
+            )
+        ).items:
             events.append((p.name, e))
     events.sort(key=lambda pe: pe[1].timestamp, reverse=True)
     return _page(
@@ -174,7 +187,7 @@ async def overview(request: Request, session: SessionDep, who: SignedInDep) -> H
         who,
         projects=projects,
         clusters=rows,
-        events=events[:20],
+        events=events[:RECENT_EVENTS],
     )
 
 
@@ -197,7 +210,12 @@ async def cluster_page(
     except NotFoundError:
         return _gone(request, who, f"cluster {name}")
     events = await nodes.list_events(
-        session, principal=who.principal, project_name=project, cluster=name, node=None
+        session,
+        principal=who.principal,
+        project_name=project,
+        cluster=name,
+        node=None,
+        limit=CLUSTER_EVENTS,
     )
     open_alerts: dict[str, int] = {}
     for a in await health.list_alerts(
@@ -211,7 +229,7 @@ async def cluster_page(
         who,
         project=project,
         cluster=view,
-        events=events[:30],
+        events=events.items,
         open_alerts=open_alerts,
         can_admin=_is_admin(project, await tenancy.list_projects(session, principal=who.principal)),
         error=request.query_params.get("error"),
@@ -295,7 +313,7 @@ async def node_page(
     p = who.principal
     node = await nodes.get_node(session, principal=p, project_name=project, name=name)
     events = await nodes.list_events(
-        session, principal=p, project_name=project, cluster=None, node=name
+        session, principal=p, project_name=project, cluster=None, node=name, limit=CLUSTER_EVENTS
     )
     alerts = await health.list_alerts(
         session, principal=p, project_name=project, cluster=node.cluster, include_resolved=True
@@ -313,7 +331,7 @@ async def node_page(
         who,
         project=project,
         node=node,
-        events=events[:30],
+        events=events.items,
         alerts=[a for a in alerts if a.node == name][:30],
         repairs=[r for r in repairs if r.node == name][:20],
         runs=[r for r in runs if r.node == name][:20],
@@ -501,12 +519,16 @@ async def download_kubeconfig(
 
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(
-    request: Request, session: SessionDep, who: SignedInDep, rt: RuntimeDep
+    request: Request,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> HTMLResponse:
-    """Hosts, capacity windows and usage per project (organization admins;
-    the services refuse anyone else)."""
+    """Hosts (a page of them), capacity windows and usage per project
+    (organization admins; the services refuse anyone else)."""
     p = who.principal
-    hosts = await catalog.list_hosts(session, principal=p)
+    hosts = await catalog.list_hosts(session, principal=p, limit=FLEET_HOSTS, cursor=cursor)
     windows = await capacity.list_capacity(session, principal=p, project=None)
     reports = [
         await usage.usage_report(
@@ -514,4 +536,13 @@ async def fleet_page(
         )
         for proj in await tenancy.list_projects(session, principal=p)
     ]
-    return _page(request, "fleet.html", who, hosts=hosts, capacity=windows, reports=reports)
+    return _page(
+        request,
+        "fleet.html",
+        who,
+        hosts=hosts.items,
+        cursor=cursor,
+        next_cursor=hosts.next_cursor,
+        capacity=windows,
+        reports=reports,
+    )

@@ -13,10 +13,12 @@ from gpuclusters.core import models as api
 from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.enums import ComputeClass, HostAgentStatus, HostState
 from gpuclusters.core.errors import InvalidStateError, NotFoundError, ValidationError
+from gpuclusters.core.paging import Page
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.db.allocation import free_counts, mark_preempted
 from gpuclusters.server.db.models import Cluster, Host, Node
+from gpuclusters.server.db.paging import page_of
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.tenancy import require_org_admin
@@ -96,20 +98,38 @@ async def list_regions(session: AsyncSession) -> list[api.Region]:
 
 
 async def list_hosts(
-    session: AsyncSession, *, principal: Principal, name: str | None = None
-) -> list[api.Host]:
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Page[api.Host]:
+    """The fleet's hosts in the order they joined, a page at a time
+    (``core/paging.py``); all of them when ``limit`` is None."""
     require_org_admin(principal, "the host inventory")
-    query = (
-        select(Host, Node, Cluster.name)
-        .outerjoin(Node, (Node.host_id == Host.id) & Node.deleted_at.is_(None))
-        .outerjoin(Cluster, Cluster.id == Node.cluster_id)
-        .where(Host.in_fleet.is_(True))
-        .order_by(Host.name)
+    hosts, next_cursor = await page_of(
+        session, select(Host).where(Host.in_fleet.is_(True)), Host, limit=limit, cursor=cursor
     )
-    if name is not None:
-        query = query.where(Host.name == name)
-    rows = (await session.execute(query)).all()
-    return [host_view(h, node, cluster_name) for h, node, cluster_name in rows]
+    return Page(await _host_views(session, hosts), next_cursor)
+
+
+async def get_host(session: AsyncSession, *, principal: Principal, name: str) -> api.Host:
+    require_org_admin(principal, "the host inventory")
+    return (await _host_views(session, [await _host(session, name)]))[0]
+
+
+async def _host_views(session: AsyncSession, hosts: list[Host]) -> list[api.Host]:
+    """The hosts as the API shows them, with the live node on each (one
+    query for the page's nodes, not one per host)."""
+    if not hosts:
+        return []
+    rows = await session.execute(
+        select(Node, Cluster.name)
+        .join(Cluster, Cluster.id == Node.cluster_id)
+        .where(Node.host_id.in_([h.id for h in hosts]), Node.deleted_at.is_(None))
+    )
+    on_host = {node.host_id: (node, cluster_name) for node, cluster_name in rows}
+    return [host_view(h, *on_host.get(h.id, (None, None))) for h in hosts]
 
 
 def host_view(h: Host, node: Node | None = None, cluster_name: str | None = None) -> api.Host:
@@ -150,7 +170,7 @@ async def set_host_state(
     host.state = state.value
     await session.commit()
     rt.hints.notify(hints.CLUSTERS)  # an uncordoned host is spare capacity again
-    return (await list_hosts(session, principal=principal, name=name))[0]
+    return await get_host(session, principal=principal, name=name)
 
 
 async def reclaim_host(
@@ -176,4 +196,4 @@ async def reclaim_host(
         await mark_preempted(session, host_id=host.id, why=f"host {name} reclaimed by an admin")
     await session.commit()
     rt.hints.notify(hints.NODES)
-    return (await list_hosts(session, principal=principal, name=name))[0]
+    return await get_host(session, principal=principal, name=name)

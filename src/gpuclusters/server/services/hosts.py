@@ -55,7 +55,7 @@ from gpuclusters.server.security.hosts_pki import CsrError, ensure_hosts_pki, si
 from gpuclusters.server.security.keys import hash_key, new_key
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.security.tls import fingerprint, served_ca_file
-from gpuclusters.server.services.catalog import host_view, list_hosts
+from gpuclusters.server.services.catalog import get_host, host_view
 from gpuclusters.server.services.tenancy import require_org_admin
 
 log = logging.getLogger(__name__)
@@ -315,4 +315,4 @@ async def drain_host(
     await session.commit()
     rt.hints.notify(hints.NODES)
     rt.hints.notify(hints.REPAIRS)
-    return (await list_hosts(session, principal=principal, name=name))[0]
+    return await get_host(session, principal=principal, name=name)

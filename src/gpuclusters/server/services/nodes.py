@@ -139,7 +139,13 @@ async def list_events(
     project_name: str,
     cluster: str | None,
     node: str | None,
-) -> list[api.NodeEvent]:
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Page[api.NodeEvent]:
+    """The project's node events, newest first, a page at a time; all of
+    them when ``limit`` is None. A repeat of an event moves it to the front
+    (its timestamp is bumped), so a reader paging while events repeat may
+    see that event on an earlier page only."""
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.EDITOR
     )
@@ -149,9 +155,11 @@ async def list_events(
         q = q.where(NodeEvent.cluster_id.in_(ids))
     if node is not None:
         q = q.where(NodeEvent.node_name == node)
-    events = list(await session.scalars(q.order_by(NodeEvent.timestamp.desc())))
+    events, next_cursor = await page_of(
+        session, q, NodeEvent, limit=limit, cursor=cursor, newest_first=True
+    )
     clusters = await _clusters(session, {e.cluster_id for e in events})
-    return [
+    views = [
         api.NodeEvent(
             node=e.node_name,
             cluster=clusters[e.cluster_id].name,
@@ -163,3 +171,4 @@ async def list_events(
         )
         for e in events
     ]
+    return Page(views, next_cursor)
