@@ -62,6 +62,7 @@ COOKIE = "gpc_console"
 RECENT_EVENTS = 20
 CLUSTER_EVENTS = 30
 FLEET_HOSTS = 200
+OVERVIEW_CLUSTERS = 50
 
 templates = Jinja2Templates(directory=str(ASSETS / "templates"))
 router = APIRouter(include_in_schema=False)
@@ -158,17 +159,36 @@ async def logout(
 
 
 @router.get("/", response_class=HTMLResponse)
-async def overview(request: Request, session: SessionDep, who: SignedInDep) -> HTMLResponse:
+async def overview(
+    request: Request,
+    session: SessionDep,
+    who: SignedInDep,
+    project: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> HTMLResponse:
+    """Each project's first clusters (``OVERVIEW_CLUSTERS``) and the recent
+    events; ``?project=P&cursor=C`` shows one project's next page, so a
+    project of a thousand clusters costs one page per poll, not all of them."""
+    cursor = cursor or None  # the poll URL of a project's first page has an empty one
     projects = await tenancy.list_projects(session, principal=who.principal)
     rows: list[tuple[api.Project, api.Cluster]] = []
+    more: dict[str, str] = {}  # project -> cursor of its next page
     events: list[tuple[str, api.NodeEvent]] = []
     for p in projects:
         if p.role not in (ProjectRole.ADMIN, ProjectRole.EDITOR):
             continue
-        for c in (
-            await clusters.list_clusters(session, principal=who.principal, project_name=p.name)
-        ).items:
-            rows.append((p, c))
+        if project is not None and p.name != project:
+            continue
+        page = await clusters.list_clusters(
+            session,
+            principal=who.principal,
+            project_name=p.name,
+            limit=OVERVIEW_CLUSTERS,
+            cursor=cursor if project is not None else None,
+        )
+        rows.extend((p, c) for c in page.items)
+        if page.next_cursor is not None:
+            more[p.name] = page.next_cursor
         for e in (
             await nodes.list_events(
                 session,
@@ -187,6 +207,10 @@ async def overview(request: Request, session: SessionDep, who: SignedInDep) -> H
         who,
         projects=projects,
         clusters=rows,
+        more=more,
+        project=project,
+        # The URL the live part polls: this very page of this project.
+        here="/?" + urlencode({"project": project, "cursor": cursor or ""}) if project else "/",
         events=events[:RECENT_EVENTS],
     )
 
