@@ -36,6 +36,7 @@ from gpuclusters.cli.context import (
     ProjectOpt,
     api_command,
     note_next_page,
+    one_or_every_page,
     open_client,
 )
 from gpuclusters.cli.nodes import nodes_table
@@ -275,12 +276,12 @@ def list_(
 ) -> None:
     """List the project's clusters (every page, or one with --limit / --cursor)."""
     with open_client(project) as client:
-        next_cursor = None
-        if limit is None and cursor is None:
-            clusters = client.clusters.list()
-        else:
-            page = client.clusters.page(limit=limit, cursor=cursor)
-            clusters, next_cursor = page.items, page.next_cursor
+        clusters, next_cursor = one_or_every_page(
+            limit,
+            cursor,
+            every=client.clusters.list,
+            page=lambda n, c: client.clusters.page(limit=n, cursor=c),
+        )
         emit(
             output,
             clusters,

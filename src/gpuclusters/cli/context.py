@@ -23,9 +23,11 @@ from rich.text import Text
 
 from gpuclusters.client import Client
 from gpuclusters.core.errors import GpuClustersError
+from gpuclusters.core.paging import Page
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 POLL_INTERVAL_S = 1.0
 """How often ``--wait`` polls; tests set it to 0."""
@@ -75,6 +77,21 @@ CursorOpt = Annotated[
         help="start at this page (the cursor the previous page printed)",
     ),
 ]
+
+
+def one_or_every_page(
+    limit: int | None,
+    cursor: str | None,
+    *,
+    every: Callable[[], list[T]],
+    page: Callable[[int | None, str | None], Page[T]],
+) -> tuple[list[T], str | None]:
+    """What a list command shows: every page (neither --limit nor --cursor
+    given), or the one page asked for and the cursor of the next."""
+    if limit is None and cursor is None:
+        return every(), None
+    one = page(limit, cursor)
+    return one.items, one.next_cursor
 
 
 def note_next_page(next_cursor: str | None) -> None:

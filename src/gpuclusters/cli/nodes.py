@@ -21,6 +21,7 @@ from gpuclusters.cli.context import (
     ProjectOpt,
     api_command,
     note_next_page,
+    one_or_every_page,
     open_client,
 )
 from gpuclusters.cli.render import age, clock, details, emit, optional, state, table
@@ -86,14 +87,14 @@ def list_(
 ) -> None:
     """List the project's nodes (every page, or one with --limit / --cursor)."""
     with open_client(project) as client:
-        next_cursor = None
-        if limit is None and cursor is None:
-            nodes = client.nodes.list(cluster, include_deleted=include_deleted)
-        else:
-            page = client.nodes.page(
-                cluster, include_deleted=include_deleted, limit=limit, cursor=cursor
-            )
-            nodes, next_cursor = page.items, page.next_cursor
+        nodes, next_cursor = one_or_every_page(
+            limit,
+            cursor,
+            every=lambda: client.nodes.list(cluster, include_deleted=include_deleted),
+            page=lambda n, c: client.nodes.page(
+                cluster, include_deleted=include_deleted, limit=n, cursor=c
+            ),
+        )
         emit(
             output,
             nodes,
@@ -151,11 +152,11 @@ def events(
     """Node lifecycle events (scaling, failures, preemptions), newest first
     (every page, or one with --limit / --cursor)."""
     with open_client(project) as client:
-        next_cursor = None
-        if limit is None and cursor is None:
-            items = client.events.list(cluster, node=node)
-        else:
-            page = client.events.page(cluster, node=node, limit=limit, cursor=cursor)
-            items, next_cursor = page.items, page.next_cursor
+        items, next_cursor = one_or_every_page(
+            limit,
+            cursor,
+            every=lambda: client.events.list(cluster, node=node),
+            page=lambda n, c: client.events.page(cluster, node=node, limit=n, cursor=c),
+        )
         emit(output, items, render=lambda: events_table(items), empty="no events")
         note_next_page(next_cursor)

@@ -25,6 +25,7 @@ from gpuclusters.cli.context import (
     ProjectOpt,
     api_command,
     note_next_page,
+    one_or_every_page,
     open_client,
     stderr_console,
 )
@@ -274,12 +275,12 @@ def hosts_list(
     """List the fleet's hosts and what runs on them (every page, or one
     with --limit / --cursor)."""
     with open_client() as client:
-        next_cursor = None
-        if limit is None and cursor is None:
-            hosts = client.hosts.list()
-        else:
-            page = client.hosts.page(limit=limit, cursor=cursor)
-            hosts, next_cursor = page.items, page.next_cursor
+        hosts, next_cursor = one_or_every_page(
+            limit,
+            cursor,
+            every=client.hosts.list,
+            page=lambda n, c: client.hosts.page(limit=n, cursor=c),
+        )
     emit(output, hosts, render=lambda: hosts_table(hosts), empty="no hosts")
     note_next_page(next_cursor)
 

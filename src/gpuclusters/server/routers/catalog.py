@@ -8,8 +8,7 @@ from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
-from gpuclusters.server.routers.json import json_response
-from gpuclusters.server.routers.paging import PAGED, PageDep, link_next
+from gpuclusters.server.routers.paging import PAGED, PageDep, paged_response
 from gpuclusters.server.services import capacity, catalog, tenancy
 
 router = APIRouter(prefix="/v1")
@@ -37,9 +36,7 @@ async def hosts(
     result = await catalog.list_hosts(
         session, principal=principal, limit=page.limit, cursor=page.cursor
     )
-    response = json_response(result.items, list[api.Host])
-    link_next(request, response, result.next_cursor)
-    return response
+    return paged_response(request, result, list[api.Host])
 
 
 @router.get("/hosts/{name}", response_model=api.Host)

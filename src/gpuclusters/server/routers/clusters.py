@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Request, Response
 
 from gpuclusters.core import models as api
+from gpuclusters.core.paging import Page
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.routers.json import json_response
-from gpuclusters.server.routers.paging import PAGED, PageDep, link_next
+from gpuclusters.server.routers.paging import PAGED, PageDep, paged_response
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.services import clusters, credentials, nodes, ssh, usage
 
@@ -36,9 +37,8 @@ async def list_clusters(
     result = await clusters.list_clusters(
         session, principal=principal, project_name=project, limit=page.limit, cursor=page.cursor
     )
-    response = json_response([_registry(rt, v) for v in result.items], list[api.Cluster])
-    link_next(request, response, result.next_cursor)
-    return response
+    views = Page([_registry(rt, v) for v in result.items], result.next_cursor)
+    return paged_response(request, views, list[api.Cluster])
 
 
 @router.post("/clusters", response_model=api.Cluster, status_code=201)
@@ -179,9 +179,7 @@ async def list_nodes(
         limit=page.limit,
         cursor=page.cursor,
     )
-    response = json_response(result.items, list[api.Node])
-    link_next(request, response, result.next_cursor)
-    return response
+    return paged_response(request, result, list[api.Node])
 
 
 @router.get("/nodes/{name}", response_model=api.Node)
@@ -219,9 +217,7 @@ async def list_events(
         limit=page.limit,
         cursor=page.cursor,
     )
-    response = json_response(result.items, list[api.NodeEvent])
-    link_next(request, response, result.next_cursor)
-    return response
+    return paged_response(request, result, list[api.NodeEvent])
 
 
 @router.get("/usage", response_model=api.UsageReport)

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Query, Request, Response
 
-from gpuclusters.core.paging import DEFAULT_LIMIT, MAX_LIMIT, NEXT_CURSOR_HEADER
+from gpuclusters.core.paging import DEFAULT_LIMIT, MAX_LIMIT, NEXT_CURSOR_HEADER, Page
+from gpuclusters.server.routers.json import json_response
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +60,11 @@ def link_next(request: Request, response: Response, next_cursor: str | None) -> 
     url = request.url.include_query_params(cursor=next_cursor)
     response.headers[NEXT_CURSOR_HEADER] = next_cursor
     response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+def paged_response(request: Request, page: Page[Any], tp: Any) -> Response:
+    """A page of ``tp`` (a ``list[...]`` type) as JSON, with the next page's
+    cursor in the headers."""
+    response = json_response(page.items, tp)
+    link_next(request, response, page.next_cursor)
+    return response
