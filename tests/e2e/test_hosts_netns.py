@@ -55,9 +55,7 @@ class Lab:
         return json.loads(self.admin(*args, "--output", "json", timeout=timeout))
 
     def host(self, name: str) -> dict[str, Any]:
-        found = [h for h in self.json("hosts", "list") if h["name"] == name]
-        assert found, f"no host {name}"
-        return dict(found[0])
+        return dict(self.json("hosts", "get", name))
 
     def ssh(self, cluster: str, *cmd: str, node: str | None = None) -> str:
         args = ["clusters", "ssh", cluster]
