@@ -94,7 +94,7 @@ def leftovers(node_ids: Iterable[str], cluster_ids: Iterable[str], home: Path) -
             found.append(f"netns {lay.netns}")
         if network.link_exists(lay.veth):
             found.append(f"veth {lay.veth}")
-        for f in (lay.mnt_file, lay.uts_file, lay.netns_path):
+        for f in (*lay.ns_files, lay.netns_path):
             if str(f) in mounts or f.exists():
                 found.append(f"pin {f}")
         if lay.dir.exists():
@@ -182,6 +182,30 @@ def wait_dead(pid: int, timeout_s: float = 2.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def host_pid(node: NodeLayout, pid: int) -> int | None:
+    """The host's pid of the node's process ``pid`` (a pid inside the node's
+    PID namespace, as pidfiles and the node's /proc have them)."""
+    ns = sysmount.ns_inode(node.pid_file)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = (entry / "ns" / "pid").stat()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) != ns:
+            continue
+        nspid = next(x for x in status.splitlines() if x.startswith("NSpid:")).split()
+        if int(nspid[-1]) == pid:
+            return int(entry.name)
+    return None
+
+
+def node_layout(fleet: Fleet, node_id: str) -> NodeLayout:
+    return NodeLayout(node_id, DEFAULT_NS_DIR, fleet.home / "nodes")
 
 
 def parent_pid(pid: int) -> int:

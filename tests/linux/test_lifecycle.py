@@ -7,7 +7,17 @@ import importlib.util
 import os
 
 import pytest
-from nodetools import Fleet, alive, host_run, host_start, leftovers, reach, start_echo
+from nodetools import (
+    Fleet,
+    alive,
+    host_pid,
+    host_run,
+    host_start,
+    leftovers,
+    node_layout,
+    reach,
+    start_echo,
+)
 
 from gpuclusters.linux import layout, network, procs, sysmount
 from gpuclusters.providers.base import InstanceState, PermanentProviderError, ProviderError
@@ -21,7 +31,9 @@ async def test_reboot_keeps_disks_kills_processes_fresh_run(fleet: Fleet) -> Non
     await sh.run(["sh", "-c", "echo s > /scratch/s; echo t > /tmp/t; echo r > /run/r"])
     await sh.run(["sh", "-c", "echo e > /etc/gpc-kept"])
     await sh.spawn("sleeper", ["sleep", "600"])
-    pid = int((await sh.read_file("/run/gpuclusters-daemons/sleeper.pid") or b"0").split()[0])
+    node_pid = int((await sh.read_file("/run/gpuclusters-daemons/sleeper.pid") or b"0").split()[0])
+    pid = host_pid(node_layout(fleet, spec.node_id), node_pid)
+    assert pid is not None and alive(pid)
     # A process started by hand, not through spawn, dies too.
     stray = host_start(sh.exec_argv(["sleep", "600"]))
     try:

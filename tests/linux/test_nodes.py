@@ -17,9 +17,11 @@ import pytest
 from nodetools import (
     Fleet,
     host_exists,
+    host_pid,
     host_read,
     host_run,
     parent_pid,
+    node_layout,
     proc_state,
     reach,
     start_echo,
@@ -38,6 +40,8 @@ class TwoClusters:
     b1: NodeShell
     volume_dir: Path
     a1_id: str
+    a2_id: str
+    fleet: Fleet
 
 
 @pytest.fixture
@@ -59,6 +63,8 @@ async def two(fleet: Fleet) -> TwoClusters:
         await p.shell(sb1.node_id),
         volume / "data",
         sa1.node_id,
+        sa2.node_id,
+        fleet,
     )
 
 
@@ -124,6 +130,44 @@ async def test_etc_is_private_to_each_node(two: TwoClusters) -> None:
     assert r.returncode != 0 and not host_exists("/usr/gpc-test")
 
 
+async def test_processes_and_ipc_are_private_to_each_node(two: TwoClusters) -> None:
+    """Each node has its own PID and IPC namespaces: it sees and signals its
+    own processes only, and its PID 1 is its own init. Every check is also
+    made from the host, where the same thing is visible, so the test fails
+    if the boundary is absent."""
+    await two.a2.spawn("neighbour", ["sleep", "600"])
+    await two.a1.spawn("mine", ["sleep", "600"])
+    try:
+        pidfile = await two.a2.read_file("/run/gpuclusters-daemons/neighbour.pid") or b""
+        n_pid = int(pidfile.split()[0])
+        neighbour = host_pid(node_layout(two.fleet, two.a2_id), n_pid)
+        assert neighbour is not None and host_exists(f"/proc/{neighbour}")  # the host sees it
+        listed = await out(two.a1, "ps", "-e", "-o", "pid=,comm=")
+        comms = [line.split(None, 1)[1] for line in listed.splitlines()]
+        assert "sleep" in comms and comms.count("sleep") == 1, listed  # its own only
+        pids = [int(line.split()[0]) for line in listed.splitlines()]
+        assert max(pids) < 1000 and os.getpid() not in pids, listed
+        init = await out(two.a1, "cat", "/proc/1/cmdline")
+        assert "_nsinit" in init, init  # PID 1 is the node's init, not the host's
+        assert await two.a1.read_file(f"/proc/{neighbour}/status") is None
+        r = await two.a1.run(["kill", "-9", str(neighbour)], check=False)
+        assert r.returncode != 0
+        assert await two.a2.is_running("neighbour") is True
+        # The host's own PID 1 and the test process are invisible too.
+        assert await two.a1.read_file(f"/proc/{os.getpid()}/cmdline") is None
+        # IPC: a System V segment made on the host is not in the node.
+        made = host_run(["ipcmk", "-M", "4096"], check=True).stdout
+        shmid = made.strip().rsplit(None, 1)[-1]
+        try:
+            assert shmid in host_run(["ipcs", "-m"]).stdout
+            assert shmid not in await out(two.a1, "ipcs", "-m")
+        finally:
+            host_run(["ipcrm", "-m", shmid])
+    finally:
+        await two.a2.stop("neighbour")
+        await two.a1.stop("mine")
+
+
 async def test_tcp_within_cluster_but_not_across(two: TwoClusters) -> None:
     await start_echo(two.a2)
     await start_echo(two.b1)
@@ -156,14 +200,19 @@ async def test_daemons_spawn_stop_and_logs(two: TwoClusters) -> None:
     assert (
         int((await sh.read_file("/run/gpuclusters-daemons/sleeper.pid") or b"").split()[0]) == pid
     )
-    # Detached: its own session, not a descendant of this process.
-    assert parent_pid(pid) != os.getpid() and os.getsid(pid) == pid
+    # Detached: its own session, a child of the node's init (PID 1 of the
+    # node's PID namespace), as seen in the node's /proc.
+    stat = (await sh.read_file(f"/proc/{pid}/stat") or b"").decode()
+    fields = stat.rsplit(")", 1)[1].split()
+    assert (int(fields[1]), int(fields[3])) == (1, pid), stat  # ppid, sid
+    host = host_pid(node_layout(two.fleet, two.a1_id), pid)
+    assert host is not None and parent_pid(host) != os.getpid() and os.getsid(host) == host
     assert await two.a2.is_running("sleeper") is False  # another node's daemon
     log = await sh.read_file("/var/log/gpuclusters/sleeper.log")
     assert log is not None and b"started as hi" in log
     await sh.stop("sleeper", timeout_s=5)
     assert await sh.is_running("sleeper") is False
-    assert proc_state(pid) in (None, "Z")
+    assert proc_state(host) in (None, "Z")
     await sh.stop("sleeper")  # stopping a stopped daemon is fine
     with pytest.raises(NodeCommandError, match="no-such-program"):
         await sh.spawn("broken", ["no-such-program-gpc"])

@@ -1,16 +1,20 @@
 """File and daemon operations inside a node: the helper behind NamespaceShell.
 
-It joins the node's network, UTS and mount namespaces itself (setns through
-ctypes; a single-threaded process may switch mount namespace, the
-multi-threaded server may not) and then works with paths *inside* the node,
-so it does not depend on anything being installed in the node. Standard
-library builtins and ctypes only, everything imported before the switch;
-marshal rather than JSON because start-up time is this helper's cost.
+It joins the node's network, UTS, IPC, PID and mount namespaces itself
+(setns through ctypes; a single-threaded process may switch mount namespace,
+the multi-threaded server may not) and then works with paths *inside* the
+node, so it does not depend on anything being installed in the node.
+Joining a PID namespace only places the joiner's *children* there, so once
+inside, the helper forks a worker that does the ops: a process of the node,
+whose pids (in pidfiles, in the node's /proc, for ``kill``) are the node's.
+The worker dies with the helper (``PR_SET_PDEATHSIG``) and with the node.
+Standard library builtins and ctypes only, everything imported before the
+switch; marshal rather than JSON because start-up time is this helper's cost.
 
 Two modes:
 
 * one-shot: ``python -I -S _nodeops.py`` with one ``marshal``-encoded
-  request on stdin, ``{"netns", "mnt", "uts", "op", "args"}``; the result on
+  request on stdin, ``{"netns", "mnt", "uts", "ipc", "pid", "op", "args"}``; the result on
   stdout, errors one line on stderr, the op's exit status;
 * serving: ``python -I -S _nodeops.py --serve``: frames on stdin and stdout
   (4-byte big-endian length + marshal). The first request names the
@@ -63,6 +67,9 @@ if TYPE_CHECKING:
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
 # Linux signal numbers; the signal module would pull in enum (slow start-up).
 SIGKILL = 9
 SIGTERM = 15
@@ -103,17 +110,63 @@ def unlimit_memlock() -> None:
         libc.setrlimit(RLIMIT_MEMLOCK, ctypes.byref(Rlimit(current.max, current.max)))
 
 
-def enter(netns: str, mnt: str, uts: str) -> None:
-    # Open all three first: after the mount namespace switch the host paths
-    # are gone. Mount last for the same reason.
-    order = ((netns, CLONE_NEWNET), (uts, CLONE_NEWUTS), (mnt, CLONE_NEWNS))
+# (device, inode) of the node's network namespace, set by ``enter``: the
+# node's /proc has no /proc/self for a process outside its PID namespace.
+NODE_NETNS: tuple[int, int] | None = None
+
+
+def enter(request: dict[str, str]) -> None:
+    """Join the node's namespaces, then fork: the caller returns as the
+    child, a process of the node's PID namespace (the parent waits for it and
+    exits with its status)."""
+    global NODE_NETNS
+    # Open all first: after the mount namespace switch the host paths are
+    # gone. Mount last for the same reason.
+    order = (
+        (request["netns"], CLONE_NEWNET),
+        (request["uts"], CLONE_NEWUTS),
+        (request["ipc"], CLONE_NEWIPC),
+        (request["pid"], CLONE_NEWPID),
+        (request["mnt"], CLONE_NEWNS),
+    )
     fds = [(os.open(path, os.O_RDONLY), flag) for path, flag in order]
+    st = os.fstat(fds[0][0])
+    NODE_NETNS = (st.st_dev, st.st_ino)
     for fd, flag in fds:
         if libc.setns(fd, flag) != 0:
             raise OpError(f"setns: {os.strerror(ctypes.get_errno())}")
         os.close(fd)
     os.chdir("/")
     unlimit_memlock()  # for the daemons this helper spawns
+    child = os.fork()
+    if child == 0:
+        # Gone with the helper the server kills (a timed-out op), and
+        # never left behind if the helper died before this call: the
+        # helper is outside the node's PID namespace, where getppid() says
+        # 0; an orphan's parent is the node's init, 1.
+        libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+        if os.getppid() != 0:
+            os._exit(1)
+        return
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    exit_now(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def reap_forever() -> None:
+    """A node init's life after boot: reap whatever is reparented to it (the
+    daemons, their orphans). Never returns."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(0.5)  # no child now; daemons may come later
+        except InterruptedError:
+            pass
 
 
 def proc_start(pid: int) -> tuple[str, str] | None:
@@ -129,9 +182,12 @@ def proc_start(pid: int) -> tuple[str, str] | None:
 
 def same_netns(pid: int) -> bool:
     try:
-        a, b = os.stat(f"/proc/{pid}/ns/net"), os.stat("/proc/self/ns/net")
+        a = os.stat(f"/proc/{pid}/ns/net")
     except OSError:
         return False
+    if NODE_NETNS is not None:
+        return (a.st_dev, a.st_ino) == NODE_NETNS
+    b = os.stat("/proc/self/ns/net")  # the node's init: inside already
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
@@ -327,7 +383,7 @@ def dispatch(op: str, args: dict[str, Any]) -> tuple[int, bytes, bytes]:
 def main() -> int:
     request = marshal.loads(sys.stdin.buffer.read())
     try:
-        enter(request["netns"], request["mnt"], request["uts"])
+        enter(request)
     except (OpError, OSError) as exc:
         print(f"{request['op']}: {exc}", file=sys.stderr)
         return 1
@@ -360,7 +416,7 @@ def serve() -> int:
     if hello is None:
         return 0
     try:
-        enter(hello["netns"], hello["mnt"], hello["uts"])
+        enter(hello)
     except (OpError, OSError) as exc:
         write_frame(stdout, {"rc": 1, "out": b"", "err": f"enter: {exc}\n".encode()})
         return 1

@@ -2,10 +2,10 @@
 
 Started by :mod:`gpuclusters.linux.machine` as::
 
-    unshare --mount=<ns>/<id>.mnt --uts=<ns>/<id>.uts --propagation private \
-        -- python -I -S _nsinit.py < marshal.dumps(spec)
+    unshare --mount=<ns>/<id>.mnt --uts=<ns>/<id>.uts --ipc=<ns>/<id>.ipc \
+        --propagation private -- python -I -S _nsinit.py < marshal.dumps(spec)
 
-unshare(1) creates the mount and UTS namespaces and pins them with bind
+unshare(1) creates the mount, UTS and IPC namespaces and pins them with bind
 mounts of their nsfs files *before* this script runs, so what the script
 builds outlives it (and the server). The script then assembles the node's
 root in ``spec.root`` (a per-node directory on the host) and pivots into it:
@@ -27,8 +27,9 @@ root in ``spec.root`` (a per-node directory on the host) and pivots into it:
                       simulated nvidia* nodes (mknod) or, with
                       ``spec.devices``, the host's real GPU and InfiniBand
                       device nodes bound in (see :func:`expose_devices`)
-    /proc /sys        fresh proc; sysfs mounted from the node's netns (so
-                      /sys/class/net shows eth0), host cgroups bound under it
+    /proc /sys        proc of the node's PID namespace (mounted by its init);
+                      sysfs mounted from the node's netns (so /sys/class/net
+                      shows eth0), host cgroups bound under it
     masks             empty read-only tmpfs over host paths nodes must not
                       see (the control plane's home)
     shares            host paths the node needs at the same path (the Python
@@ -41,12 +42,24 @@ The old root is detached after pivot_root, which drops every reference this
 namespace had to the host's other mounts (other nodes' pinned namespaces
 among them), so deleting one node never waits on another.
 
+Then the node gets its own **PID namespace**: this script unshares one and
+forks the node's init, PID 1 there. The init mounts the node's /proc (a
+proc shows the PID namespace of the process that mounts it), starts the
+boot daemons, reports on a pipe and then only reaps orphans, for the life
+of the node: a PID namespace whose init exits takes every process in it
+along and admits no new one. This script prints ``init <host pid>`` and
+exits; the caller pins the namespace (``/proc/<pid>/ns/pid``: unshare(1)
+cannot pin a PID namespace that has no process yet) and records the pid.
+Every process of a node, daemon or command, is then in that namespace:
+``ps -e`` in a node shows the node's processes only, and powering the node
+off is one SIGKILL to its init.
+
 Run with ``-I -S``; its start-up time is most of a node's creation time, so
 it imports only builtins, ctypes and its sibling :mod:`._nodeops` (through
 the package, whose ``__init__`` modules must therefore stay import-free).
 The spec comes as ``marshal`` data on stdin (written by the same interpreter
 a moment before), not JSON, whose import costs more than all the mounts.
-After the pivot it starts the node's boot daemons (the node agent) with
+The node's init starts its boot daemons (the node agent) with
 ``_nodeops``' spawn, saving a second helper process, with RLIMIT_MEMLOCK
 unlimited (``_nodeops.unlimit_memlock``). Failures print one line
 to stderr and exit 1; the caller tears down.
@@ -80,6 +93,7 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MNT_DETACH = 0x2
 CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
@@ -271,7 +285,7 @@ def pivot(root: str) -> None:
     os.chdir("/")
 
 
-def boot(spec: dict[str, Any]) -> None:
+def boot(spec: dict[str, Any]) -> int:
     os.umask(0o022)
     # Inherited by the boot daemons and everything they start.
     _nodeops.unlimit_memlock()
@@ -320,7 +334,6 @@ def boot(spec: dict[str, Any]) -> None:
     # with a fabric but no GPUs keeps its simulated ones.
     real_gpus = devices is not None and int(devices.get("gpu_count", 1)) > 0
     make_dev(at("/dev"), 0 if real_gpus else int(spec["gpus"]))
-    mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     mount("sysfs", at("/sys"), "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     if os.path.isdir("/sys/fs/cgroup"):
         bind("/sys/fs/cgroup", at("/sys/fs/cgroup"), recursive=True)
@@ -340,18 +353,66 @@ def boot(spec: dict[str, Any]) -> None:
     pivot(root)
     if refresh:
         refresh_ldcache()
-    # Now inside the node in every namespace, like a process that entered it:
-    # start its boot daemons (the node agent) the way the shell's spawn does.
-    for daemon in spec["daemons"]:
-        _nodeops.op_spawn(daemon)
+    return start_init(spec["daemons"])
+
+
+def start_init(daemons: list[dict[str, Any]]) -> int:
+    """Fork the node's init into a new PID namespace; returns its host pid
+    once it has mounted /proc and started the boot daemons."""
+    if libc.unshare(CLONE_NEWPID) != 0:
+        _fail("unshare pid")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        node_init(daemons, w)  # never returns
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    os.close(r)
+    report = b"".join(chunks).decode("utf-8", "replace")
+    if report != "ok":
+        os.waitpid(pid, 0)
+        raise OSError(0, report or "the node's init died during boot")
+    return pid
+
+
+def node_init(daemons: list[dict[str, Any]], ready: int) -> None:
+    """PID 1 of the node. Never returns."""
+    try:
+        os.setsid()
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        # Inside the node in every namespace, like a process that entered
+        # it: start its boot daemons (the node agent) the way the shell's
+        # spawn does. They are this init's children once their starter
+        # exits (it double-forks).
+        for daemon in daemons:
+            _nodeops.op_spawn(daemon)
+        # Nothing of the boot's pipes may stay open: the caller reads its
+        # output until every holder has closed it.
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, ready)
+        os.closerange(ready + 1, os.sysconf("SC_OPEN_MAX"))
+    except BaseException as exc:
+        try:
+            os.write(ready, f"init: {exc}".encode())
+        finally:
+            os._exit(1)
+    os.write(ready, b"ok")
+    os.close(ready)
+    _nodeops.reap_forever()
 
 
 def main() -> int:
     try:
-        boot(marshal.loads(sys.stdin.buffer.read()))
+        pid = boot(marshal.loads(sys.stdin.buffer.read()))
     except (OSError, KeyError, ValueError, _nodeops.OpError) as exc:
         print(f"nsinit: {exc}", file=sys.stderr)
         return 1
+    print(f"init {pid}")
     return 0
 
 

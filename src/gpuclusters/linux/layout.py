@@ -7,7 +7,9 @@ crashed predecessor made, even from a half-written state file:
 ==========================  ===============================================
 netns                        ``/run/netns/gpc-<id[:12]>`` (``ip netns``)
 host veth                    ``gpcv<id[:8]>`` (node side is ``eth0``)
-mount + UTS namespaces       ``<ns_dir>/<id>.mnt``, ``<ns_dir>/<id>.uts``
+mount, UTS, IPC, PID ns     ``<ns_dir>/<id>.{mnt,uts,ipc,pid}``; the PID
+                             namespace's init (the node's PID 1) is recorded
+                             in ``<home>/nodes/<id>/init`` (host pid, start)
 node directory               ``<home>/nodes/<id>/``: ``root/`` (the node's
                              ``/``), ``upper/{etc,var}`` + ``work/{etc,var}``
                              (overlay layers), ``tmp/``, ``scratch/``,
@@ -123,8 +125,26 @@ class NodeLayout:
         return self.ns_dir / f"{self.node_id}.uts"
 
     @property
+    def ipc_file(self) -> Path:
+        return self.ns_dir / f"{self.node_id}.ipc"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.ns_dir / f"{self.node_id}.pid"
+
+    @property
+    def ns_files(self) -> tuple[Path, ...]:
+        """The pinned namespaces besides the netns (unshare binds them)."""
+        return (self.mnt_file, self.uts_file, self.ipc_file, self.pid_file)
+
+    @property
     def dir(self) -> Path:
         return self.nodes_dir / self.node_id
+
+    @property
+    def init_file(self) -> Path:
+        """``<host pid> <start time>`` of the node's init (its PID 1)."""
+        return self.dir / "init"
 
     @property
     def root(self) -> Path:
@@ -161,4 +181,9 @@ class NodeLayout:
             f"--net={self.netns_path}",
             f"--mount={self.mnt_file}",
             f"--uts={self.uts_file}",
+            f"--ipc={self.ipc_file}",
+            # Entering a PID namespace makes nsenter fork: the command is a
+            # process of the node (its parent, the node's init, once
+            # nsenter exits), seeing only the node's processes.
+            f"--pid={self.pid_file}",
         ]

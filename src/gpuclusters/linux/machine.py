@@ -1,19 +1,23 @@
 """One node's whole life on the host: boot, power off, wipe, destroy.
 
-A node is "up" when three pinned namespaces exist (its netns under
-/run/netns, its mount and UTS namespaces under the ns dir) and its veth is
-on the cluster bridge. None of them is a process: they are nsfs bind mounts,
-so the node survives the server and needs nothing running inside it.
+A node is "up" when its pinned namespaces exist (its netns under
+/run/netns, its mount, UTS, IPC and PID namespaces under the ns dir), its
+init (PID 1 of its PID namespace) runs and its veth is on the cluster
+bridge. The namespaces are nsfs bind mounts and the init is a child of the
+host's init, so the node survives the server.
 
 * :func:`boot` makes whatever is missing, in order: netns + veth + address
   (:mod:`.network`), per-node directories and the files the node starts
   with (written straight into the overlay's upper layer, before it is
-  mounted), then the mount + UTS namespaces (``unshare`` running
-  :mod:`._nsinit`). Idempotent: a fully booted node costs a few ``stat``s.
-* :func:`power_off` kills every process of the node and unpins its mount
-  and UTS namespaces, which unmounts everything inside them (the kernel
-  drops a mount namespace with its last reference). The netns and the
-  directories stay: that is a reboot's first half.
+  mounted), then the mount, UTS and IPC namespaces (``unshare`` running
+  :mod:`._nsinit`), which forks the node's init into a new PID namespace;
+  that namespace is pinned here from the init's ``/proc/<pid>/ns/pid``.
+  Idempotent: a fully booted node costs a few ``stat``s.
+* :func:`power_off` kills the node's init (the kernel then kills every
+  process of its PID namespace), whatever else is left in its namespaces
+  and cgroup, and unpins the namespaces, which unmounts everything inside
+  them (the kernel drops a mount namespace with its last reference). The
+  netns and the directories stay: that is a reboot's first half.
 * :func:`wipe` empties the per-node disks (root, overlay uppers, /tmp,
   /scratch): a reprovision's middle step.
 * :func:`destroy` = power off + delete veth and netns + remove the node
@@ -94,6 +98,10 @@ def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
         missing.append("completed boot")
     if not sysmount.is_ns_file(node.uts_file):
         missing.append("UTS namespace")
+    if not sysmount.is_ns_file(node.ipc_file):
+        missing.append("IPC namespace")
+    if init_pid(node) is None:
+        missing.append("init")
     if not network.link_exists(bridge):
         missing.append("cluster bridge")
     if not network.link_exists(node.veth):
@@ -149,8 +157,8 @@ def _prepare_dirs(b: NodeBoot) -> None:
             f"{b.address}\t{b.hostname}\n"
         )
     _ensure_ns_dir(node.ns_dir)
-    for f in (node.mnt_file, node.uts_file):
-        f.touch()  # unshare(1) binds the namespaces onto existing files
+    for f in node.ns_files:
+        f.touch()  # namespaces are bound onto existing files
 
 
 def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
@@ -198,7 +206,7 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
     fresh_netns = await network.ensure_node_link(
         node, bridge=bridge, index=b.network_index, address=b.address
     )
-    pinned = [sysmount.is_ns_file(f) for f in (node.mnt_file, node.uts_file)]
+    pinned = [sysmount.is_ns_file(f) for f in node.ns_files]
     if all(pinned) and boot_completed(node):
         return False
     if any(pinned) or not fresh_netns:
@@ -210,6 +218,7 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
         "unshare",
         f"--mount={node.mnt_file}",
         f"--uts={node.uts_file}",
+        f"--ipc={node.ipc_file}",
         "--propagation",
         "private",
         "--",
@@ -219,12 +228,42 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
         str(NSINIT),
     ]
     try:
-        await run(argv, stdin=marshal.dumps(_nsinit_spec(b)), timeout_s=30)
+        done = await run(argv, stdin=marshal.dumps(_nsinit_spec(b)), timeout_s=30)
     except CommandError:
         _private_dirs.discard(node.ns_dir)  # check it again next time
         raise
+    await asyncio.to_thread(_pin_init, node, done.stdout.decode())
     await asyncio.to_thread(_mark_booted, node)
     return True
+
+
+def _pin_init(node: NodeLayout, report: str) -> None:
+    """Pin the PID namespace of the init _nsinit reported (``init <pid>``)
+    and record the init's pid and start time."""
+    words = report.split()
+    if len(words) != 2 or words[0] != "init" or not words[1].isdigit():
+        raise MachineError(f"node boot reported {report.strip()!r}, not its init")
+    pid = int(words[1])
+    start = procs.start_time(pid)
+    if start is None:
+        raise MachineError(f"the node's init (pid {pid}) died right after boot")
+    sysmount.mount(f"/proc/{pid}/ns/pid", str(node.pid_file), None, sysmount.MS_BIND, None)
+    node.init_file.write_text(f"{pid} {start}\n")
+
+
+def init_pid(node: NodeLayout) -> int | None:
+    """The host pid of the node's init, if it runs: the recorded process,
+    with its recorded start time (pids are reused), in the pinned PID
+    namespace."""
+    try:
+        pid_s, start = node.init_file.read_text().split()
+        pid = int(pid_s)
+    except (OSError, ValueError):
+        return None
+    if procs.start_time(pid) != start:
+        return None
+    pinned = sysmount.ns_inode(node.pid_file)
+    return pid if pinned is not None and procs.pid_ns(pid) == pinned else None
 
 
 def _boot_marker(node: NodeLayout) -> Path:
@@ -246,23 +285,27 @@ def boot_completed(node: NodeLayout) -> bool:
     except OSError:
         return False
     current = sysmount.ns_inode(node.mnt_file)
-    return current is not None and marker == repr(current)
+    return current is not None and marker == repr(current) and init_pid(node) is not None
 
 
 def _ns_ids(node: NodeLayout) -> set[procs.NsId]:
-    ids = {sysmount.ns_inode(p) for p in (node.netns_path, node.mnt_file)}
+    ids = {sysmount.ns_inode(p) for p in (node.netns_path, node.mnt_file, node.pid_file)}
     return {i for i in ids if i is not None}
 
 
 def _unpin(node: NodeLayout) -> None:
-    for f in (node.mnt_file, node.uts_file):
+    for f in node.ns_files:
         sysmount.unmount(f)
         f.unlink(missing_ok=True)
+    node.init_file.unlink(missing_ok=True)
 
 
 def _power_off(node: NodeLayout) -> int:
+    # The init first: the kernel kills every process of its PID namespace
+    # (and of the namespaces below it, containers' included) with it.
+    killed = procs.kill_init(init_pid(node))
     # Containers have namespaces of their own: they are found by cgroup.
-    killed = procs.kill_cgroup(node.cgroup_name)
+    killed += procs.kill_cgroup(node.cgroup_name)
     killed += procs.kill_all(_ns_ids(node))
     killed += procs.kill_cgroup(node.cgroup_name)  # started while we killed
     procs.remove_cgroup(node.cgroup_name)

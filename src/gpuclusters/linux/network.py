@@ -96,7 +96,11 @@ async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address
             # refuses to reuse it.
             node.netns_path.unlink()
         cmds.append(f"netns add {node.netns}")
-    if not link_exists(node.veth):
+        if link_exists(node.veth):
+            # Its peer is in the node's old netns, which the node's init
+            # (and so the veth) outlived: a new pair goes into the new one.
+            cmds.insert(0, f"link del {node.veth}")
+    if fresh or not link_exists(node.veth):
         cmds.append(f"link add {node.veth} type veth peer name eth0 netns {node.netns}")
     cmds.append(f"link set {node.veth} master {bridge} up")
     await _batch(cmds)

@@ -1,10 +1,11 @@
 """Find and kill every process of a node.
 
-Nodes have no PID namespace (they must survive the server, and a PID
-namespace dies with its init), so "the node's processes" are those whose
-network or mount namespace is the node's: the same scan ``ip netns pids``
-does, over ``/proc/*/ns/{net,mnt}``, matched by namespace (device, inode).
-A process that entered only one of the two is still caught.
+A node's processes are those of its PID namespace: killing its init kills
+them all (:func:`kill_init`). What may be left is found by namespace: every
+process whose network, mount or PID namespace is the node's, the same scan
+``ip netns pids`` does, over ``/proc/*/ns/{net,mnt,pid}``, matched by
+namespace (device, inode): a helper that joined the node's namespaces from
+the host's PID namespace, or a process that entered only one of them.
 
 Containers a node's kubelet starts have namespaces of their own, so they
 are found by cgroup instead: everything below the node's cgroup name
@@ -39,7 +40,7 @@ def pids_in(namespaces: set[NsId]) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
-        for kind in ("net", "mnt"):
+        for kind in ("net", "mnt", "pid"):
             try:
                 st = os.stat(f"/proc/{entry.name}/ns/{kind}")
             except OSError:
@@ -48,6 +49,44 @@ def pids_in(namespaces: set[NsId]) -> list[int]:
                 found.append(int(entry.name))
                 break
     return found
+
+
+def start_time(pid: int) -> str | None:
+    """A live process's start time (clock ticks since boot, as text), from
+    /proc/<pid>/stat; None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def pid_ns(pid: int) -> NsId | None:
+    try:
+        st = os.stat(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def kill_init(pid: int | None, *, timeout_s: float = 5.0) -> int:
+    """SIGKILL a node's init (``None``: it does not run) and wait until it
+    is gone; the kernel kills the rest of its PID namespace. Returns how
+    many processes were killed (1 or 0)."""
+    if pid is None:
+        return 0
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
+    deadline = time.monotonic() + timeout_s
+    while start_time(pid) is not None:
+        if time.monotonic() > deadline:
+            raise ProcessesSurviveError(f"the node's init (pid {pid}) survives SIGKILL")
+        time.sleep(0.005)
+    return 1
 
 
 def kill_all(namespaces: set[NsId], *, timeout_s: float = 5.0) -> int:

@@ -1,6 +1,7 @@
 """``NamespaceShell``: the ``core.nodeshell.NodeShell`` of a namespace node.
 
-* ``run`` is ``nsenter --net --mount --uts -- [runuser -u USER --] argv``,
+* ``run`` is ``nsenter --net --mount --uts --ipc --pid -- [runuser -u USER --]
+  argv`` (nsenter forks into the node's PID namespace),
   with a clean environment (PATH, HOME, LANG plus the caller's ``env``):
   nothing of the server's environment (database URL, keys) reaches a node.
   nsenter's setns of the mount namespace also sets the root and working
@@ -208,7 +209,13 @@ class _HelperDied(Exception):
 
 
 def _ns_request(node: NodeLayout) -> dict[str, str]:
-    return {"netns": str(node.netns_path), "mnt": str(node.mnt_file), "uts": str(node.uts_file)}
+    return {
+        "netns": str(node.netns_path),
+        "mnt": str(node.mnt_file),
+        "uts": str(node.uts_file),
+        "ipc": str(node.ipc_file),
+        "pid": str(node.pid_file),
+    }
 
 
 def _ns_identity(node: NodeLayout) -> tuple[int, int, int] | None:
