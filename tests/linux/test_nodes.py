@@ -269,11 +269,12 @@ async def test_create_is_idempotent_and_checks_requests(fleet: Fleet) -> None:
     assert (await p.status("0" * 32)).state is InstanceState.MISSING
 
 
-@pytest.fixture
-def var_home(fleet: Fleet) -> Iterator[Fleet]:
-    """The fleet, but with its home under /var/tmp: inside the /var overlay's
-    lower layer, as a home in /var/lib would be."""
-    home = Path(tempfile.mkdtemp(prefix="gpc-test-home-", dir="/var/tmp"))
+@pytest.fixture(params=["/var/tmp", "/opt"])
+def var_home(fleet: Fleet, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """The fleet, but with its home under /var/tmp (where the host's /var
+    was once the node's /var overlay's lower layer, as a home in /var/lib
+    would be) or /opt (a host directory nodes see read-only)."""
+    home = Path(tempfile.mkdtemp(prefix="gpc-test-home-", dir=request.param))
     original = fleet.home
     fleet.home = home
     try:
@@ -291,8 +292,77 @@ async def test_control_plane_home_is_hidden_from_nodes(var_home: Fleet) -> None:
     await p.create(spec)
     sh = await p.shell(spec.node_id)
     home = str(var_home.home)
-    assert (await out(sh, "ls", "-A", home)) == ""  # masked: empty, read-only
+    listed = await sh.run(["ls", "-A", home], check=False)
+    if home.startswith("/var/"):
+        # Not the host's /var at all: not there.
+        assert listed.returncode != 0 and "No such file" in listed.stderr, listed
+    else:
+        assert listed.returncode == 0 and listed.stdout == "", listed  # masked: empty
     assert (await sh.run(["touch", f"{home}/x"], check=False)).returncode != 0
     await sh.run(["sh", "-c", "echo v > /mnt/shared/v; echo s > /scratch/s"])
     assert (volume / "data" / "v").read_text() == "v\n"
     assert await out(sh, "ls", "/run/gpuclusters/control") == ""
+
+
+@pytest.fixture
+def host_secrets() -> Iterator[dict[str, str]]:
+    """On the host: a login account with a password hash, a TLS private key
+    and a file in /var/tmp, as an operator's machine has them."""
+    tag = os.urandom(3).hex()
+    user, key = f"gpch{tag}", f"/etc/ssl/private/gpc-test-{tag}.key"
+    var_file = f"/var/tmp/gpc-test-{tag}"
+    host_run(["useradd", "-u", str(20000 + int(tag, 16) % 10000), "-M", user], check=True)
+    pw_hash = "$6$gpctest$" + tag * 4
+    host_run(["usermod", "-p", pw_hash, user], check=True)
+    Path(key).write_text("-----BEGIN PRIVATE KEY-----\n" + tag + "\n")
+    Path(var_file).write_text("host data\n")
+    try:
+        yield {"user": user, "hash": pw_hash, "key": key, "var_file": var_file}
+    finally:
+        host_run(["userdel", user])
+        Path(key).unlink(missing_ok=True)
+        Path(var_file).unlink(missing_ok=True)
+
+
+async def test_host_accounts_secrets_and_var_are_not_the_nodes(
+    fleet: Fleet, host_secrets: dict[str, str]
+) -> None:
+    """A node has its own accounts (the host's system accounts, locked),
+    sees none of the host's secrets in /etc and none of its /var. Each
+    thing is first shown to be there on the host."""
+    user, key, var_file = host_secrets["user"], host_secrets["key"], host_secrets["var_file"]
+    assert pwd.getpwnam(user).pw_uid >= 20000
+    assert host_secrets["hash"] in host_read("/etc/shadow").decode()
+    assert host_exists(key) and host_exists(var_file)
+    p = fleet.provider()
+    spec = fleet.spec(fleet.cluster(), "own-etc-1", "h100-a-01")
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    # The host's login is no account of the node: a project member of that
+    # name gets the uid the project gives (the failure of issue 24).
+    assert (await sh.run(["id", user], check=False)).returncode != 0
+    await sh.run(["useradd", "-u", "10001", "-M", user])
+    assert (await out(sh, "id", "-u", user)) == "10001"
+    assert pwd.getpwnam(user).pw_uid != 10001  # the host's account is untouched
+    # System accounts are there (daemons run as them), locked.
+    assert (await out(sh, "id", "-u", "root")) == "0"
+    assert (await sh.run(["id", "nobody"], check=False)).returncode == 0
+    shadow = (await sh.read_file("/etc/shadow") or b"").decode()
+    assert "root:*:" in shadow and host_secrets["hash"] not in shadow
+    assert all(line.split(":")[1] in ("*", "!") for line in shadow.splitlines()), shadow
+    # Secrets whited out; other host configuration still reads through.
+    assert await sh.read_file(key) is None
+    assert await sh.read_file("/etc/os-release") == host_read("/etc/os-release")
+    for host_key in Path("/etc/ssh").glob("ssh_host_*_key"):
+        assert await sh.read_file(str(host_key)) is None, host_key
+    # A key the node writes over a whited-out path is its own.
+    await sh.write_file(key, b"node key\n", mode=0o600)
+    assert await sh.read_file(key) == b"node key\n"
+    assert Path(key).read_text().startswith("-----BEGIN")
+    # /var is the node's own: the host's files are not there.
+    assert await sh.read_file(var_file) is None
+    assert (await out(sh, "stat", "-c", "%a", "/var/tmp")) == "1777"
+    assert (await out(sh, "readlink", "/var/run")) == "/run"
+    # Kept across a reboot (the upper layer is the node's disk).
+    await p.reboot(spec.node_id)
+    assert (await out(sh, "id", "-u", user)) == "10001"

@@ -13,7 +13,9 @@ root in ``spec.root`` (a per-node directory on the host) and pivots into it:
     /                 spec.root bound on itself (pivot_root needs a mount)
     /usr /opt /work…  every other top-level host dir, bound read-only
     /bin /lib…        the host's top-level symlinks, copied
-    /etc /var         overlayfs: host dir below, per-node upper above
+    /etc /var         overlayfs: the host's /etc (with the node's own accounts
+                      and the host's secrets whited out, linux/nodebase.py)
+                      or a /var skeleton below, per-node upper above
     /run              fresh tmpfs; /run/gpuclusters the node's own (e.g. the
                       preemption notice); /run/gpuclusters/control = host's
                       run_dir (the control plane's agent socket)

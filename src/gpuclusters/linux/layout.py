@@ -16,6 +16,7 @@ node directory               ``<home>/nodes/<id>/``: ``root/`` (the node's
                              ``state/<name>`` (bound rw at the paths in
                              ``STATE_DIRS``: container and kubelet state on a
                              real filesystem, since overlayfs cannot nest)
+/var's lower layer           ``<home>/node-base/var`` (a skeleton, shared)
 cgroups                      ``/sys/fs/cgroup/<controller>/gpc-<id[:12]>``:
                              the node's kubelet cgroup root (containers)
 cluster bridge               ``gpcb<cluster_id[:8]>``, ``10.231.<i>.1/24``
@@ -155,6 +156,12 @@ class NodeLayout:
 
     def work(self, name: str) -> Path:
         return self.dir / "work" / name
+
+    @property
+    def var_base(self) -> Path:
+        """The lower layer of every node's /var (``linux/nodebase.py``):
+        shared by the nodes of this home, never the host's /var."""
+        return self.nodes_dir.parent / "node-base" / "var"
 
     @property
     def tmp(self) -> Path:

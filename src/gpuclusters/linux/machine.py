@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuclusters.linux import network, procs, sysmount
+from gpuclusters.linux import network, nodebase, procs, sysmount
 from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.linux.layout import NODE_ENV, STATE_DIRS, NodeLayout
 from gpuclusters.linux.run import CommandError, run
@@ -141,7 +141,9 @@ def _prepare_dirs(b: NodeBoot) -> None:
     if b.gpus:
         procs.make_cgroup(node.cgroup_name)
     etc = node.upper("etc")
-    (etc / "gpuclusters").mkdir(parents=True, exist_ok=True)
+    # The node's own accounts, and no host secret readable (nodebase.py).
+    nodebase.prepare_etc(etc)
+    nodebase.ensure_var_skeleton(node.var_base)
     (node.upper("var") / "log" / "gpuclusters").mkdir(parents=True, exist_ok=True)
     b.run_dir.mkdir(parents=True, exist_ok=True)
     # Written into the upper layer before the overlay is mounted: the node
@@ -170,7 +172,10 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
         "overlays": [
             {
                 "target": f"/{n}",
-                "lower": f"/{n}",
+                # /etc over the host's (packages' configuration, with the
+                # node's own accounts and secrets hidden in the upper layer),
+                # /var over a skeleton: nothing of the host's data.
+                "lower": str(node.var_base) if n == "var" else f"/{n}",
                 "upper": str(node.upper(n)),
                 "work": str(node.work(n)),
             }

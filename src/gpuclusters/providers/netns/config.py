@@ -19,16 +19,24 @@ from gpuclusters.linux.layout import DEFAULT_NS_DIR
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.providers.volumes import VolumeStore
 
+# Where scripts/build-k8s (and ``hosts add``, on a GPU host) put the
+# Kubernetes binaries nodes run (kubelet, kube-proxy, the control plane). A
+# node's /var is not the host's (linux/nodebase.py), so it is shared.
+K8S_CACHE = Path("/var/cache/gpuclusters/k8s")
+
 
 def runtime_paths() -> tuple[Path, ...]:
-    """Host paths a node must see at the same place to run this Python and
-    this package (the node agent does): the base interpreter, the virtual
-    environment and the directory the package is imported from."""
+    """Host paths a node must see at the same place, read-only: this Python
+    and this package (the node agent runs them), i.e. the base interpreter,
+    the virtual environment and the directory the package is imported from;
+    and the Kubernetes binaries."""
     candidates = {
         Path(sys.base_prefix).resolve(),
         Path(sys.prefix).resolve(),
         Path(gpuclusters.__file__).resolve().parent.parent,
     }
+    if K8S_CACHE.is_dir():
+        candidates.add(K8S_CACHE)
     ordered = sorted(candidates, key=lambda p: len(p.parts))
     kept: list[Path] = []
     for p in ordered:
