@@ -13,6 +13,7 @@ daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin
 munge:x:106:111::/nonexistent:/usr/sbin/nologin
 debian:x:1000:1000:Debian:/home/debian:/bin/bash
 barslap:x:1001:1001::/home/barslap:/bin/sh
+slurm:x:64030:64030::/nonexistent:/usr/sbin/nologin
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
 """
 GROUP = """root:x:0:
@@ -27,7 +28,7 @@ nogroup:x:65534:
 def test_node_accounts_keep_system_accounts_only_and_lock_them() -> None:
     files = nodebase.node_accounts(PASSWD, GROUP)
     users = [line.split(":")[0] for line in files["passwd"].splitlines()]
-    assert users == ["root", "daemon", "munge", "nobody"]
+    assert users == ["root", "daemon", "munge", "slurm", "nobody"]
     groups = files["group"].splitlines()
     assert [g.split(":")[0] for g in groups] == ["root", "shadow", "sudo", "munge", "nogroup"]
     assert "sudo:x:27:munge" in groups  # a host login is no member of anything

@@ -7,9 +7,10 @@ its /var an overlay over a per-provider skeleton, never over the host's
 /var. Before a node's overlays are mounted, its /etc upper layer gets:
 
 * **its own account files**: ``passwd``, ``group``, ``shadow`` and
-  ``gshadow`` holding only the host's *system* accounts (uid/gid below 1000,
-  and nobody/nogroup: the packages' daemon users, which the node's daemons
-  run as) with every password field locked. A host login (``debian``, the
+  ``gshadow`` holding only the host's *system* accounts (Debian's system
+  ranges: ids below 1000, the globally allocated 60000-64999, e.g. slurm's
+  64030, and nobody/nogroup: the packages' daemon users, which the node's
+  daemons run as) with every password field locked. A host login (``debian``, the
   operator's own account) is not an account of any node, so a project
   member of the same name gets one there with the uid the project gave, and
   no host password hash is readable in a node;
@@ -34,9 +35,11 @@ import stat
 from pathlib import Path
 
 HOST_ETC = Path("/etc")
-# The highest uid/gid of a system account (Debian's SYS_UID_MAX = 999), and
-# nobody/nogroup (65534), which daemons also run as.
+# Debian's system account ids (policy 9.2.2): 0-999 (SYS_UID_MAX = 999),
+# the globally allocated 60000-64999 (slurm is 64030), and nobody/nogroup
+# (65534). Users (our project members among them) are 1000-59999.
 SYSTEM_ID_MAX = 999
+GLOBAL_SYSTEM_IDS = range(60000, 65000)
 NOBODY_ID = 65534
 # Globs, relative to /etc, of host files no node may read.
 SECRET_PATTERNS = (
@@ -83,7 +86,7 @@ def _system(id_field: str) -> bool:
         value = int(id_field)
     except ValueError:
         return False
-    return value <= SYSTEM_ID_MAX or value == NOBODY_ID
+    return value <= SYSTEM_ID_MAX or value in GLOBAL_SYSTEM_IDS or value == NOBODY_ID
 
 
 def _lines(text: str) -> list[list[str]]:

@@ -20,23 +20,26 @@ from gpuclusters.providers.base import HostSpec
 from gpuclusters.providers.volumes import VolumeStore
 
 # Where scripts/build-k8s (and ``hosts add``, on a GPU host) put the
-# Kubernetes binaries nodes run (kubelet, kube-proxy, the control plane). A
-# node's /var is not the host's (linux/nodebase.py), so it is shared.
-K8S_CACHE = Path("/var/cache/gpuclusters/k8s")
+# Kubernetes binaries nodes run (kubelet, kube-proxy, the control plane), and
+# scripts/build-k8s-addons the add-ons' (CoreDNS, metrics-server). A node's
+# /var is not the host's (linux/nodebase.py), so these are shared.
+NODE_BINARY_CACHES = (
+    Path("/var/cache/gpuclusters/k8s"),
+    Path("/var/cache/gpuclusters/addons/bin"),
+)
 
 
 def runtime_paths() -> tuple[Path, ...]:
     """Host paths a node must see at the same place, read-only: this Python
     and this package (the node agent runs them), i.e. the base interpreter,
     the virtual environment and the directory the package is imported from;
-    and the Kubernetes binaries."""
+    and the Kubernetes and add-on binaries."""
     candidates = {
         Path(sys.base_prefix).resolve(),
         Path(sys.prefix).resolve(),
         Path(gpuclusters.__file__).resolve().parent.parent,
     }
-    if K8S_CACHE.is_dir():
-        candidates.add(K8S_CACHE)
+    candidates.update(p for p in NODE_BINARY_CACHES if p.is_dir())
     ordered = sorted(candidates, key=lambda p: len(p.parts))
     kept: list[Path] = []
     for p in ordered:
