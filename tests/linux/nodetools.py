@@ -42,12 +42,13 @@ class Fleet:
     def volumes(self) -> VolumeStore:
         return VolumeStore(self.home / "volumes")
 
-    def provider(self) -> NetnsNodeProvider:
+    def provider(self, *, node_share: float = 1.0) -> NetnsNodeProvider:
         return NetnsNodeProvider(
             NetnsProviderConfig(
                 fleet=load_fleet(DEFAULT_NETNS_FLEET),
                 home=self.home,
                 spawn_agent=self.spawn_agent,
+                node_share=node_share,
             )
         )
 

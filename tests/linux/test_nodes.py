@@ -28,6 +28,7 @@ from nodetools import (
 )
 
 from gpuclusters.core.nodeshell import NodeCommandError, NodeShell
+from gpuclusters.linux import nodecgroup
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
 from gpuclusters.providers.netns.provider import NetnsNodeProvider
 
@@ -366,3 +367,45 @@ async def test_host_accounts_secrets_and_var_are_not_the_nodes(
     # Kept across a reboot (the upper layer is the node's disk).
     await p.reboot(spec.node_id)
     assert (await out(sh, "id", "-u", user)) == "10001"
+
+
+FORKS = 1200  # more than the smallest pids limit a node gets (1024)
+
+
+async def test_node_processes_share_the_nodes_cgroup_and_its_limits(fleet: Fleet) -> None:
+    """Every process of a node (its init, daemons, helpers) is in the node's
+    cgroup, whose limits bound them: a fork bomb in a node stops at its pids
+    limit, while the host itself can start as many processes."""
+    p = fleet.provider(node_share=0.001)  # the smallest share: 1024 pids
+    spec = fleet.spec(fleet.cluster(), "limits-1", "h100-a-01")
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    lay = node_layout(fleet, spec.node_id)
+    limits = nodecgroup.this_host_share(0.001)
+    assert limits.pids == 1024
+    leaves = [Path(f).parent for f in nodecgroup.leaf_procs(lay.cgroup_name)]
+    assert leaves, "no cgroup hierarchy found"
+    top = leaves[0].parent
+    pids_dir = next(d.parent for d in leaves if (d.parent / "pids.max").exists())
+    assert (pids_dir / "pids.max").read_text().strip() == "1024"
+    mem = [d.parent for d in leaves if (d.parent / "memory.limit_in_bytes").exists()]
+    for d in mem:
+        assert int((d / "memory.limit_in_bytes").read_text()) == limits.memory_bytes
+    assert top.name == lay.cgroup_name
+    await sh.spawn("sleeper", ["sleep", "600"])
+    pid = int((await sh.read_file("/run/gpuclusters-daemons/sleeper.pid") or b"").split()[0])
+    for who in (pid, 1, "self"):  # a daemon, the init, the helper's worker
+        cgroups = (await sh.read_file(f"/proc/{who}/cgroup") or b"").decode()
+        assert f"/{lay.cgroup_name}/node" in cgroups, (who, cgroups)
+    bomb = (
+        f'n=0; p=; for i in $(seq {FORKS}); do sleep 10 >/dev/null 2>&1 & p="$p $!"; '
+        "n=$((n+1)); done; echo $n; kill $p 2>/dev/null; true"
+    )
+    # The host (no node boundary) starts them all.
+    host = host_run(["sh", "-c", bomb], check=True)
+    assert host.stdout.split()[0] == str(FORKS)
+    node = await sh.run(["sh", "-c", bomb], check=False)
+    # A shell that cannot fork stops with an error before counting them all.
+    assert node.returncode != 0 or int(node.stdout.split()[0]) < FORKS, node
+    assert int((pids_dir / "pids.max").read_text()) == 1024
+    assert await sh.is_running("sleeper") is True  # the node itself survives

@@ -1,5 +1,6 @@
-"""A node's cgroups (linux/procs: make_cgroup, cgroup_pids, kill_cgroup,
-remove_cgroup) against a fake cgroup root in a temp directory.
+"""A node's cgroups (linux/nodecgroup: make, its limits; linux/procs:
+cgroup_pids, kill_cgroup, remove_cgroup) against a fake cgroup root in a
+temp directory.
 
 The fake is a plain directory tree shaped like a v1 hybrid mount
 (``cpuset``, ``memory`` and the v2 ``unified``, each with a ``cgroup.procs``).
@@ -17,13 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from gpuclusters.linux import nodecgroup
 from gpuclusters.linux.procs import (
     ProcessesSurviveError,
     cgroup_pids,
     kill_cgroup,
-    make_cgroup,
     remove_cgroup,
 )
+
+
+def make_cgroup(name: str, root: Path) -> None:
+    nodecgroup.make(name, nodecgroup.NodeLimits(), root=root)
+
 
 NAME = "gpc-test"
 
@@ -85,8 +91,9 @@ def test_make_cgroup_creates_no_knob_files_of_its_own(root: Path) -> None:
     # Knobs are the kernel's: where none exist, none are invented (and the
     # memory controller, which has no cpuset knobs, is not given any).
     make_cgroup(NAME, root=root)
-    assert list((root / "cpuset" / NAME).iterdir()) == []
-    assert list((root / "memory" / NAME).iterdir()) == []
+    assert [p.name for p in (root / "cpuset" / NAME).iterdir()] == [nodecgroup.LEAF]
+    assert list((root / "cpuset" / NAME / nodecgroup.LEAF).iterdir()) == []
+    assert [p.name for p in (root / "memory" / NAME).iterdir()] == [nodecgroup.LEAF]
 
 
 def test_make_cgroup_is_idempotent(root: Path) -> None:
@@ -226,3 +233,61 @@ def test_remove_cgroup_gives_up_after_the_timeout(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         remove_cgroup(NAME, timeout_s=0.05, root=root)
     assert busy.is_dir()
+
+
+# --- limits -----------------------------------------------------------------------------------
+
+
+def test_host_share_leaves_the_reserve() -> None:
+    limits = nodecgroup.host_share(16, 64 * 1024**3, 4194304)
+    assert limits.cpus == 15.75
+    assert limits.memory_bytes == 64 * 1024**3 - int(64 * 1024**3 * 0.05)
+    assert limits.pids == 4194304 - 4096
+    small = nodecgroup.host_share(2, 4 * 1024**3, 32768, fraction=0.5)
+    assert small.cpus == 0.88 and small.pids == (32768 - 4096) // 2
+    assert small.memory_bytes == (4 * 1024**3 - 512 * 1024**2) // 2
+    with pytest.raises(ValueError, match="share"):
+        nodecgroup.host_share(2, 1, 1, fraction=0)
+
+
+def test_make_sets_v1_limits_in_the_knobs_the_kernel_has(root: Path) -> None:
+    for h in ("cpu", "pids"):
+        (root / h).mkdir()
+        (root / h / "cgroup.procs").write_text("")
+    knobs = {
+        "cpu": ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
+        "memory": ("memory.limit_in_bytes",),
+        "pids": ("pids.max",),
+    }
+    for h, names in knobs.items():
+        (root / h / NAME).mkdir()
+        for knob in names:
+            (root / h / NAME / knob).write_text("")
+    limits = nodecgroup.NodeLimits(cpus=1.5, memory_bytes=2**30, pids=5000)
+    nodecgroup.make(NAME, limits, root=root)
+    assert (root / "cpu" / NAME / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (root / "memory" / NAME / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert (root / "pids" / NAME / "pids.max").read_text() == "5000"
+    assert not (root / "cpuset" / NAME / "pids.max").exists()
+    assert nodecgroup.leaf_procs(NAME, root) == [
+        str(root / h / NAME / "node" / "cgroup.procs") for h in ("cpu", "cpuset", "memory", "pids")
+    ]
+
+
+def test_make_on_v2_enables_controllers_and_sets_limits(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    top = root / NAME
+    top.mkdir()
+    for knob in ("cgroup.subtree_control", "cpu.max", "memory.max", "pids.max"):
+        (top / knob).write_text("")
+    nodecgroup.make(NAME, nodecgroup.NodeLimits(cpus=0.5, memory_bytes=None, pids=100), root=root)
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (top / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (top / "cpu.max").read_text() == "50000 100000"
+    assert (top / "memory.max").read_text() == "max"
+    assert (top / "pids.max").read_text() == "100"
+    assert (top / "node").is_dir()
+    assert nodecgroup.leaf_procs(NAME, root) == [str(top / "node" / "cgroup.procs")]

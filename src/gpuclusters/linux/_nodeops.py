@@ -115,7 +115,7 @@ def unlimit_memlock() -> None:
 NODE_NETNS: tuple[int, int] | None = None
 
 
-def enter(request: dict[str, str]) -> None:
+def enter(request: dict[str, Any]) -> None:
     """Join the node's namespaces, then fork: the caller returns as the
     child, a process of the node's PID namespace (the parent waits for it and
     exits with its status)."""
@@ -147,6 +147,8 @@ def enter(request: dict[str, str]) -> None:
         libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
         if os.getppid() != 0:
             os._exit(1)
+        # The node's share of the host bounds what the worker starts.
+        join_cgroups(request.get("cgroups", []))
         return
     while True:
         try:
@@ -155,6 +157,17 @@ def enter(request: dict[str, str]) -> None:
         except InterruptedError:
             continue
     exit_now(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def join_cgroups(procs_files: list[str]) -> None:
+    """Move this process into the node's cgroup leaf (linux/nodecgroup.py):
+    writing 0 to ``cgroup.procs`` moves the writer."""
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
 
 def reap_forever() -> None:

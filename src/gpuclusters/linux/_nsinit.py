@@ -355,10 +355,10 @@ def boot(spec: dict[str, Any]) -> int:
     pivot(root)
     if refresh:
         refresh_ldcache()
-    return start_init(spec["daemons"])
+    return start_init(spec["daemons"], spec.get("cgroups", []))
 
 
-def start_init(daemons: list[dict[str, Any]]) -> int:
+def start_init(daemons: list[dict[str, Any]], cgroups: list[str]) -> int:
     """Fork the node's init into a new PID namespace; returns its host pid
     once it has mounted /proc and started the boot daemons."""
     if libc.unshare(CLONE_NEWPID) != 0:
@@ -367,7 +367,7 @@ def start_init(daemons: list[dict[str, Any]]) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        node_init(daemons, w)  # never returns
+        node_init(daemons, cgroups, w)  # never returns
     os.close(w)
     chunks = []
     while chunk := os.read(r, 4096):
@@ -380,10 +380,13 @@ def start_init(daemons: list[dict[str, Any]]) -> int:
     return pid
 
 
-def node_init(daemons: list[dict[str, Any]], ready: int) -> None:
+def node_init(daemons: list[dict[str, Any]], cgroups: list[str], ready: int) -> None:
     """PID 1 of the node. Never returns."""
     try:
         os.setsid()
+        # Into the node's cgroup first: everything of the node descends from
+        # this process and so shares the node's limits (linux/nodecgroup.py).
+        _nodeops.join_cgroups(cgroups)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         # Inside the node in every namespace, like a process that entered
         # it: start its boot daemons (the node agent) the way the shell's

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuclusters.linux import network, nodebase, procs, sysmount
+from gpuclusters.linux import network, nodebase, nodecgroup, procs, sysmount
 from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.linux.layout import NODE_ENV, STATE_DIRS, NodeLayout
 from gpuclusters.linux.run import CommandError, run
@@ -85,6 +85,8 @@ class NodeBoot:
     # The host's real GPU/fabric devices (linux/devices.py): bound into the
     # node instead of the ``gpus`` simulated device nodes.
     devices: DeviceSet | None = None
+    # The node's share of the host (linux/nodecgroup.py).
+    limits: nodecgroup.NodeLimits = field(default_factory=nodecgroup.NodeLimits)
 
 
 def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
@@ -138,8 +140,7 @@ def _prepare_dirs(b: NodeBoot) -> None:
         path.chmod(0o1777)
     for name in STATE_DIRS:
         (node.state / name).mkdir(parents=True, mode=0o700, exist_ok=True)
-    if b.gpus:
-        procs.make_cgroup(node.cgroup_name)
+    nodecgroup.make(node.cgroup_name, b.limits)
     etc = node.upper("etc")
     # The node's own accounts, and no host secret readable (nodebase.py).
     nodebase.prepare_etc(etc)
@@ -182,6 +183,7 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
             for n in OVERLAID
         ],
         "run_dir": str(b.run_dir),
+        "cgroups": nodecgroup.leaf_procs(node.cgroup_name),
         "tmp": str(node.tmp),
         "scratch": str(node.scratch),
         "shared": str(b.shared_dir) if b.shared_dir else None,

@@ -22,6 +22,8 @@ import signal
 import time
 from pathlib import Path
 
+from gpuclusters.linux import nodecgroup
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 NsId = tuple[int, int]
@@ -109,38 +111,20 @@ def kill_all(namespaces: set[NsId], *, timeout_s: float = 5.0) -> int:
 
 
 def _cgroup_dirs(name: str, root: Path = CGROUP_ROOT) -> list[Path]:
-    """Every directory of cgroup ``name`` in every mounted hierarchy,
-    deepest first."""
+    """Every directory of cgroup ``name`` in every mounted hierarchy (v1) or
+    the unified one (v2), deepest first."""
     found: list[Path] = []
     if not root.is_dir():
         return found
-    for hierarchy in root.iterdir():
-        top = hierarchy / name
+    # v1: whatever is below any hierarchy (a hybrid's "unified" too).
+    tops = [root / name] if nodecgroup.is_v2(root) else [h / name for h in root.iterdir()]
+    for top in tops:
         if not top.is_dir() or top.is_symlink():
             continue
         for dirpath, _dirs, _files in os.walk(top):
             found.append(Path(dirpath))
     found.sort(key=lambda p: len(p.parts), reverse=True)
     return found
-
-
-def make_cgroup(name: str, root: Path = CGROUP_ROOT) -> None:
-    """Create cgroup ``name`` under every v1 controller (kubelet refuses a
-    cgroup root that does not exist). A new cpuset cgroup starts with no
-    CPUs and no memory nodes: it gets its parent's, or nothing could join it."""
-    if not root.is_dir():
-        return
-    for hierarchy in root.iterdir():
-        if hierarchy.is_symlink() or not (hierarchy / "cgroup.procs").exists():
-            continue
-        if hierarchy.name == "unified":
-            continue  # the v2 hierarchy of a hybrid setup holds no controllers
-        top = hierarchy / name
-        top.mkdir(exist_ok=True)
-        for knob in ("cpuset.cpus", "cpuset.mems"):
-            mine = top / knob
-            if mine.exists() and not mine.read_text().strip():
-                mine.write_text((hierarchy / knob).read_text())
 
 
 def cgroup_pids(name: str, root: Path = CGROUP_ROOT) -> set[int]:

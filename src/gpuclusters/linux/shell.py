@@ -1,7 +1,8 @@
 """``NamespaceShell``: the ``core.nodeshell.NodeShell`` of a namespace node.
 
-* ``run`` is ``nsenter --net --mount --uts --ipc --pid -- [runuser -u USER --]
-  argv`` (nsenter forks into the node's PID namespace),
+* ``run`` is ``nsenter --net --mount --uts --ipc --pid -- sh -c JOIN ...
+  [runuser -u USER --] argv`` (nsenter forks into the node's PID namespace;
+  the shell moves itself into the node's cgroup, then execs the command),
   with a clean environment (PATH, HOME, LANG plus the caller's ``env``):
   nothing of the server's environment (database URL, keys) reaches a node.
   nsenter's setns of the mount namespace also sets the root and working
@@ -37,10 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.core.nodeshell import CommandResult, NodeCommandError, NodeShell
+from gpuclusters.linux import nodecgroup
 from gpuclusters.linux.layout import NODE_ENV, NodeLayout
 from gpuclusters.linux.run import CommandError, CommandTimeoutError, Completed, run
 
 NODEOPS = Path(__file__).with_name("_nodeops.py")
+# sh -c JOIN sh <cgroup.procs files> -- argv: join each, then exec argv.
+_JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
 TIMEOUT_EXIT = 124
 _EXIT_MISSING = 2
 _EXIT_NOT_RUNNING = 3
@@ -98,7 +102,10 @@ class NamespaceShell:
 
     def _nsenter(self) -> list[str]:
         _unlimit_memlock()  # nsenter and the command inherit it
-        return ["nsenter", *self._node.nsenter_args(), "--"]
+        # The command joins the node's cgroup (and so its limits) before it
+        # execs: nsenter cannot, a shell can (writing 0 moves the writer).
+        files = nodecgroup.leaf_procs(self._node.cgroup_name)
+        return ["nsenter", *self._node.nsenter_args(), "--", "sh", "-c", _JOIN, "sh", *files, "--"]
 
     @staticmethod
     def _as_user(user: str | None) -> list[str]:
@@ -208,8 +215,9 @@ class _HelperDied(Exception):
     """The helper's pipe closed before it answered."""
 
 
-def _ns_request(node: NodeLayout) -> dict[str, str]:
+def _ns_request(node: NodeLayout) -> dict[str, Any]:
     return {
+        "cgroups": nodecgroup.leaf_procs(node.cgroup_name),
         "netns": str(node.netns_path),
         "mnt": str(node.mnt_file),
         "uts": str(node.uts_file),

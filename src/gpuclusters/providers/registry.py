@@ -47,6 +47,7 @@ class ProviderOptions:
     agent_ssl: ssl.SSLContext | None = None
     underlay_address: str | None = None
     cluster_mtu: int | None = None
+    node_share: float = 1.0
     volumes_dir: Path | None = None
 
 
@@ -82,6 +83,7 @@ def _netns_config(
         spawn_agent=opts.netns_spawn_agent,
         cluster_mtu=mtu,
         volumes_dir=opts.volumes_dir,
+        node_share=opts.node_share,
     )
 
 

@@ -148,6 +148,7 @@ async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
             agent_ssl=agent_client_context(hosts_pki),
             underlay_address=settings.underlay_address or primary_address(),
             cluster_mtu=settings.cluster_mtu,
+            node_share=settings.node_share,
             volumes_dir=settings.volumes_dir,
         ),
     )

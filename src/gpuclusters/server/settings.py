@@ -208,6 +208,14 @@ class Settings(BaseSettings):
         description="MTU of cluster networks; default 1450 (VXLAN over a 1500 underlay) with "
         "the hosts provider, the kernel's 1500 on the embedded fleet",
     )
+    node_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="the share of this machine each embedded-fleet node may use (its cgroup's "
+        "CPU, memory and pids limits), after a reserve for the host: 0.25 CPU, 5 percent of memory "
+        "(at least 512 MiB), 4096 pids (docs/security.md)",
+    )
     volumes_dir: Path | None = Field(
         default=None,
         description="where volumes live on this machine: the operator's shared filesystem "

@@ -68,6 +68,9 @@ class NetnsProviderConfig:
     # The host's real GPU and fabric devices (a host agent on a GPU host):
     # bound into every GPU node instead of simulated device nodes.
     devices: DeviceSet | None = None
+    # The share of this host each node may use (linux/nodecgroup.py): its
+    # cgroup's limits are this share of the host minus a reserve.
+    node_share: float = 1.0
 
     def __post_init__(self) -> None:
         # overlayfs options are comma separated and lowerdir lists are colon

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from gpuclusters.core.nodeshell import GatewayTarget, NodeAccess, NodeCommandError, NodeShell
-from gpuclusters.linux import firewall, layout, machine, network
+from gpuclusters.linux import firewall, layout, machine, network, nodecgroup
 from gpuclusters.linux.layout import LayoutError, NodeLayout
 from gpuclusters.linux.machine import Daemon, MachineError, NodeBoot
 from gpuclusters.linux.procs import ProcessesSurviveError
@@ -414,6 +414,7 @@ class NetnsNodeProvider(NodeProvider):
             hosts_file=self._names_dir(rec.cluster_id) / "hosts",
             resolv_file=self._names_dir(rec.cluster_id) / "resolv.conf",
             devices=self._cfg.devices if rec.kind == "gpu" else None,
+            limits=nodecgroup.this_host_share(self._cfg.node_share),
         )
 
     async def _volume_dir(self, volume_id: str | None) -> Path | None:

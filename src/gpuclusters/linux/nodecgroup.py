@@ -1,0 +1,159 @@
+"""A node's share of the host: its cgroup, its limits, and joining it.
+
+Every node (GPU, controller, login, control plane) gets cgroup
+``gpc-<id[:12]>`` (``NodeLayout.cgroup_name``) with CPU, memory and pids
+limits (:class:`NodeLimits`), so that one node cannot starve the host or
+its neighbours. Its processes live in the leaf ``gpc-<id>/node``: the
+node's init joins it before it forks anything, so every daemon (sshd,
+slurmd and Slurm jobs, containerd, kubelet) and the helpers the control
+plane's file and daemon operations go through are in it. Pods go below
+``gpc-<id>`` too, in the ``kubepods`` tree kubelet makes under its
+``cgroupRoot`` (``/gpc-<id>``), so they count against the same limits.
+(A leaf for the node's own processes because cgroup v2 allows no process
+in a cgroup whose controllers are handed down to children.)
+
+* **cgroup v1** (this development machine): the directories under every
+  mounted controller; limits in ``cpu.cfs_quota_us``,
+  ``memory.limit_in_bytes`` and ``pids.max``.
+* **cgroup v2** (Debian 12 hosts): one directory in the unified hierarchy,
+  ``cpu``, ``memory`` and ``pids`` enabled down to it
+  (``cgroup.subtree_control``); limits in ``cpu.max``, ``memory.max`` and
+  ``pids.max``.
+
+Commands the control plane runs in a node with ``nsenter`` (layer setup,
+``clusters ssh --as-root``) stay in the server's cgroup: they are the
+operator's, not the node's users'.
+
+:func:`host_share` is the default: the host minus a reserve for the host
+agent and the system (:data:`RESERVE_CPUS`, :data:`RESERVE_MEMORY`,
+:data:`RESERVE_PIDS`). Blocking file work; callers use
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+LEAF = "node"
+CFS_PERIOD_US = 100_000
+# What every node leaves to the host: a quarter of a CPU, 5 % of memory (at
+# least 512 MiB) and 4096 pids (the kernel's pid_max is shared).
+RESERVE_CPUS = 0.25
+RESERVE_MEMORY_FRACTION = 0.05
+RESERVE_MEMORY = 512 * 1024**2
+RESERVE_PIDS = 4096
+V2_CONTROLLERS = ("cpu", "memory", "pids")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLimits:
+    """One node's limits; None: no limit of that kind."""
+
+    cpus: float | None = None
+    memory_bytes: int | None = None
+    pids: int | None = None
+
+
+def host_share(cpus: int, memory_bytes: int, pid_max: int, *, fraction: float = 1.0) -> NodeLimits:
+    """The limits of a node that may use ``fraction`` of the host (1.0 on a
+    GPU host: its nodes are sized to it) once the reserve is taken."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"node share {fraction} outside (0, 1]")
+    reserve_mem = max(RESERVE_MEMORY, int(memory_bytes * RESERVE_MEMORY_FRACTION))
+    return NodeLimits(
+        cpus=round(max(0.1, (cpus - RESERVE_CPUS) * fraction), 2),
+        memory_bytes=max(256 * 1024**2, int((memory_bytes - reserve_mem) * fraction)),
+        pids=max(1024, int((pid_max - RESERVE_PIDS) * fraction)),
+    )
+
+
+def this_host_share(fraction: float = 1.0) -> NodeLimits:
+    pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return host_share(os.cpu_count() or 1, pages * page, pid_max, fraction=fraction)
+
+
+def is_v2(root: Path = CGROUP_ROOT) -> bool:
+    return (root / "cgroup.controllers").exists()
+
+
+def _v1_hierarchies(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return [
+        h
+        for h in sorted(root.iterdir())
+        # "unified": the v2 hierarchy of a hybrid setup holds no controllers
+        if not h.is_symlink() and h.name != "unified" and (h / "cgroup.procs").exists()
+    ]
+
+
+def node_dirs(name: str, root: Path = CGROUP_ROOT) -> list[Path]:
+    """The node's cgroup in every hierarchy (v1) or the unified one (v2)."""
+    if is_v2(root):
+        return [root / name]
+    return [h / name for h in _v1_hierarchies(root)]
+
+
+def leaf_procs(name: str, root: Path = CGROUP_ROOT) -> list[str]:
+    """The ``cgroup.procs`` files a process of the node joins (writing
+    ``0``: ``_nodeops.join_cgroups``)."""
+    return [str(d / LEAF / "cgroup.procs") for d in node_dirs(name, root)]
+
+
+def _write(path: Path, value: str) -> None:
+    # The kernel makes the knobs; a missing one (a controller this kernel
+    # lacks) is skipped rather than created as a plain file.
+    if path.exists():
+        path.write_text(value)
+
+
+def _copy_cpuset(parent: Path, child: Path) -> None:
+    # A new cpuset cgroup starts with no CPUs and no memory nodes: it gets
+    # its parent's, or nothing could join it.
+    for knob in ("cpuset.cpus", "cpuset.mems"):
+        mine = child / knob
+        if mine.exists() and not mine.read_text().strip():
+            mine.write_text((parent / knob).read_text())
+
+
+def make(name: str, limits: NodeLimits, root: Path = CGROUP_ROOT) -> None:
+    """Create the node's cgroup and its ``node`` leaf, and set its limits
+    (idempotent: limits are rewritten)."""
+    if is_v2(root):
+        _make_v2(root, name, limits)
+        return
+    for h in _v1_hierarchies(root):
+        top = h / name
+        for d in (top, top / LEAF):
+            d.mkdir(exist_ok=True)
+            _copy_cpuset(d.parent, d)
+        if h.name in ("cpu", "cpu,cpuacct") or (top / "cpu.cfs_quota_us").exists():
+            quota = -1 if limits.cpus is None else int(limits.cpus * CFS_PERIOD_US)
+            _write(top / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(top / "cpu.cfs_quota_us", str(quota))
+        if limits.memory_bytes is not None:
+            _write(top / "memory.limit_in_bytes", str(limits.memory_bytes))
+        _write(top / "pids.max", "max" if limits.pids is None else str(limits.pids))
+
+
+def _make_v2(root: Path, name: str, limits: NodeLimits) -> None:
+    available = set((root / "cgroup.controllers").read_text().split())
+    wanted = [c for c in V2_CONTROLLERS if c in available]
+    top = root / name
+    top.mkdir(exist_ok=True)
+    enable = " ".join("+" + c for c in wanted)
+    if enable:
+        _write(root / "cgroup.subtree_control", enable)
+        _write(top / "cgroup.subtree_control", enable)
+    (top / LEAF).mkdir(exist_ok=True)
+    cpu = "max" if limits.cpus is None else str(int(limits.cpus * CFS_PERIOD_US))
+    _write(top / "cpu.max", f"{cpu} {CFS_PERIOD_US}")
+    _write(top / "memory.max", "max" if limits.memory_bytes is None else str(limits.memory_bytes))
+    _write(top / "pids.max", "max" if limits.pids is None else str(limits.pids))
