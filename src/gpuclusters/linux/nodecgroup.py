@@ -32,6 +32,7 @@ agent and the system (:data:`RESERVE_CPUS`, :data:`RESERVE_MEMORY`,
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,9 +150,12 @@ def _make_v2(root: Path, name: str, limits: NodeLimits) -> None:
     top = root / name
     top.mkdir(exist_ok=True)
     enable = " ".join("+" + c for c in wanted)
-    if enable:
-        _write(root / "cgroup.subtree_control", enable)
-        _write(top / "cgroup.subtree_control", enable)
+    for d in (root, top) if enable else ():
+        # Not ours to hand down (a container's cgroup with processes in it,
+        # a controller the parent keeps): the node then runs without those
+        # limits; their knobs are missing and skipped below.
+        with contextlib.suppress(OSError):
+            _write(d / "cgroup.subtree_control", enable)
     (top / LEAF).mkdir(exist_ok=True)
     cpu = "max" if limits.cpus is None else str(int(limits.cpus * CFS_PERIOD_US))
     _write(top / "cpu.max", f"{cpu} {CFS_PERIOD_US}")

@@ -22,7 +22,7 @@ import signal
 import time
 from pathlib import Path
 
-from gpuclusters.linux import nodecgroup
+from gpuclusters.linux import _nodeops, nodecgroup
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -56,13 +56,8 @@ def pids_in(namespaces: set[NsId]) -> list[int]:
 def start_time(pid: int) -> str | None:
     """A live process's start time (clock ticks since boot, as text), from
     /proc/<pid>/stat; None if it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
+    info = _nodeops.proc_start(pid)
+    return None if info is None or info[0] in ("Z", "X") else info[1]
 
 
 def pid_ns(pid: int) -> NsId | None:
