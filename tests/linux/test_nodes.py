@@ -5,9 +5,11 @@ Two clusters: A (nodes a1, a2, with a shared volume) and B (node b1).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +32,11 @@ from nodetools import (
 from gpuclusters.core.nodeshell import NodeCommandError, NodeShell
 from gpuclusters.linux import nodecgroup
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
+from gpuclusters.providers.fleet import load_fleet
+from gpuclusters.providers.netns.config import NetnsProviderConfig
 from gpuclusters.providers.netns.provider import NetnsNodeProvider
+from gpuclusters.providers.registry import DEFAULT_NETNS_FLEET
+from gpuclusters.providers.volumes import VolumeStore
 
 
 @dataclass
@@ -409,3 +415,33 @@ async def test_node_processes_share_the_nodes_cgroup_and_its_limits(fleet: Fleet
     assert node.returncode != 0 or int(node.stdout.split()[0]) < FORKS, node
     assert int((pids_dir / "pids.max").read_text()) == 1024
     assert await sh.is_running("sleeper") is True  # the node itself survives
+
+
+async def test_volumes_outside_the_home_are_hidden_except_the_nodes_own(fleet: Fleet) -> None:
+    """Volumes kept outside the control plane's home (GPUCLUSTERS_VOLUMES_DIR
+    below a host directory nodes see, here /opt) are masked: a node reaches
+    its cluster's volume at /mnt/shared and no other project's."""
+    vols = Path(tempfile.mkdtemp(prefix="gpc-test-vols-", dir="/opt"))
+    try:
+        p = NetnsNodeProvider(
+            NetnsProviderConfig(
+                fleet=load_fleet(DEFAULT_NETNS_FLEET), home=fleet.home, spawn_agent=False,
+                volumes_dir=vols,
+            )
+        )  # fmt: skip
+        store = VolumeStore(vols)
+        tag = os.urandom(3).hex()
+        mine = await store.ensure("mine" + tag, size_tib=1)
+        other = await store.ensure("other" + tag, size_tib=1)
+        await asyncio.to_thread((other / "data" / "secret").write_text, "project b\n")
+        spec = fleet.spec(fleet.cluster(), "vols-1", "h100-a-01", volume_id=mine.name)
+        await p.create(spec)
+        sh = await p.shell(spec.node_id)
+        assert host_exists(str(other / "data" / "secret"))  # there, on the host
+        assert await out(sh, "ls", "-A", str(vols)) == ""  # masked in the node
+        assert await sh.read_file(str(other / "data" / "secret")) is None
+        await sh.run(["sh", "-c", "echo mine > /mnt/shared/f"])
+        assert host_read(str(mine / "data" / "f")) == b"mine\n"
+        await p.delete(spec.node_id)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, vols, True)

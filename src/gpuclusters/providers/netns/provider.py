@@ -408,7 +408,9 @@ class NetnsNodeProvider(NodeProvider):
             gpus=(host.num_gpus if host else 8) if rec.kind == "gpu" else 0,
             shared_dir=shared,
             node_info=info,
-            masks=(self._cfg.home,),
+            # The control plane's home, and every project's volumes where
+            # they live outside it (a node sees its own at /mnt/shared only).
+            masks=(self._cfg.home, self._cfg.volumes.root),
             shares=self._cfg.shares,
             daemons=daemons,
             hosts_file=self._names_dir(rec.cluster_id) / "hosts",
