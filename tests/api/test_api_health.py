@@ -373,3 +373,15 @@ async def test_a_node_that_fails_its_acceptance_tests_is_not_added(
     runs = {h["check"]: h for h in (await api.client.get(f"{P}/health-checks")).json()}
     assert runs["gpu-burn"]["state"] == "skipped" and runs["nccl"]["state"] == "failed"
     assert runs["nccl"]["metrics"] == {"busbw": 12} and runs["nccl"]["requested_by"] == "acceptance"
+
+
+async def test_an_unknown_fault_in_the_policy_is_refused_naming_the_field(api: ApiHarness) -> None:
+    body = {"name": "c", "cluster_type": "slurm", "num_gpus": 8}
+    r = await api.client.post(
+        f"{P}/clusters", json={**body, "repair": {"automatic": ["ecc_dbe", "no_such"]}}
+    )
+    assert r.status_code == 422, r.text
+    err = r.json()
+    assert err["field"] == "repair.automatic"
+    assert err["message"].startswith("repair.automatic: unknown fault 'no_such'")
+    assert (await api.client.get(f"{P}/clusters/c")).status_code == 404  # nothing made

@@ -404,7 +404,7 @@ async def test_node_processes_share_the_nodes_cgroup_and_its_limits(fleet: Fleet
         cgroups = (await sh.read_file(f"/proc/{who}/cgroup") or b"").decode()
         assert f"/{lay.cgroup_name}/node" in cgroups, (who, cgroups)
     bomb = (
-        f'n=0; p=; for i in $(seq {FORKS}); do sleep 10 >/dev/null 2>&1 & p="$p $!"; '
+        f'n=0; p=; for i in $(seq {FORKS}); do sleep 120 >/dev/null 2>&1 & p="$p $!"; '
         "n=$((n+1)); done; echo $n; kill $p 2>/dev/null; true"
     )
     # The host (no node boundary) starts them all.

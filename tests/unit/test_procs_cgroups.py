@@ -255,7 +255,7 @@ def test_make_sets_v1_limits_in_the_knobs_the_kernel_has(root: Path) -> None:
         (root / h).mkdir()
         (root / h / "cgroup.procs").write_text("")
     knobs = {
-        "cpu": ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
+        "cpu": ("cpu.shares", "cpu.cfs_quota_us"),
         "memory": ("memory.limit_in_bytes",),
         "pids": ("pids.max",),
     }
@@ -265,7 +265,9 @@ def test_make_sets_v1_limits_in_the_knobs_the_kernel_has(root: Path) -> None:
             (root / h / NAME / knob).write_text("")
     limits = nodecgroup.NodeLimits(cpus=1.5, memory_bytes=2**30, pids=5000)
     nodecgroup.make(NAME, limits, root=root)
-    assert (root / "cpu" / NAME / "cpu.cfs_quota_us").read_text() == "150000"
+    # A weight on v1, not a quota (v1 refuses a pod's quota above the node's).
+    assert (root / "cpu" / NAME / "cpu.shares").read_text() == "1536"
+    assert (root / "cpu" / NAME / "cpu.cfs_quota_us").read_text() == ""
     assert (root / "memory" / NAME / "memory.limit_in_bytes").read_text() == str(2**30)
     assert (root / "pids" / NAME / "pids.max").read_text() == "5000"
     assert not (root / "cpuset" / NAME / "pids.max").exists()

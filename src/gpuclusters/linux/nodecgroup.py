@@ -13,8 +13,11 @@ plane's file and daemon operations go through are in it. Pods go below
 in a cgroup whose controllers are handed down to children.)
 
 * **cgroup v1** (this development machine): the directories under every
-  mounted controller; limits in ``cpu.cfs_quota_us``,
-  ``memory.limit_in_bytes`` and ``pids.max``.
+  mounted controller; limits in ``memory.limit_in_bytes`` and ``pids.max``;
+  CPU as a *weight*, ``cpu.shares`` (1024 per CPU of the share), not a
+  quota: v1 refuses a child's CFS quota above its parent's (EINVAL), so a
+  node quota of 1.75 CPUs made runc fail on every pod with a CPU limit of 2
+  (kubelet sizes limits by the machine's CPUs, not by a quota it is under).
 * **cgroup v2** (Debian 12 hosts): one directory in the unified hierarchy,
   ``cpu``, ``memory`` and ``pids`` enabled down to it
   (``cgroup.subtree_control``); limits in ``cpu.max``, ``memory.max`` and
@@ -40,6 +43,7 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 LEAF = "node"
 CFS_PERIOD_US = 100_000
+V1_SHARES_PER_CPU = 1024
 # What every node leaves to the host: a quarter of a CPU, 5 % of memory (at
 # least 512 MiB) and 4096 pids (the kernel's pid_max is shared).
 RESERVE_CPUS = 0.25
@@ -135,10 +139,8 @@ def make(name: str, limits: NodeLimits, root: Path = CGROUP_ROOT) -> None:
         for d in (top, top / LEAF):
             d.mkdir(exist_ok=True)
             _copy_cpuset(d.parent, d)
-        if h.name in ("cpu", "cpu,cpuacct") or (top / "cpu.cfs_quota_us").exists():
-            quota = -1 if limits.cpus is None else int(limits.cpus * CFS_PERIOD_US)
-            _write(top / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            _write(top / "cpu.cfs_quota_us", str(quota))
+        shares = V1_SHARES_PER_CPU if limits.cpus is None else limits.cpus * V1_SHARES_PER_CPU
+        _write(top / "cpu.shares", str(max(2, int(shares))))
         if limits.memory_bytes is not None:
             _write(top / "memory.limit_in_bytes", str(limits.memory_bytes))
         _write(top / "pids.max", "max" if limits.pids is None else str(limits.pids))

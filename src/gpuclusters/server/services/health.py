@@ -447,6 +447,6 @@ def check_policy_kinds(kinds: Sequence[str]) -> str:
         if k != "*" and k not in known:
             raise ValidationError(
                 f"repair.automatic: unknown fault {k!r}; known: *, {', '.join(sorted(known))}",
-                field="repair",
+                field="repair.automatic",
             )
     return ",".join(sorted(set(kinds)))
