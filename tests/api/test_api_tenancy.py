@@ -117,3 +117,22 @@ async def test_duplicate_project(api: ApiHarness) -> None:
     assert (await api.client.post("/v1/projects", json={"name": "p2"})).status_code == 201
     r = await api.client.post("/v1/projects", json={"name": "p2"})
     assert r.status_code == 409 and r.json()["code"] == "already_exists"
+
+
+async def test_each_project_gets_its_own_host_id_block(api: ApiHarness) -> None:
+    """Blocks of 65536 host ids from the configured start, one per project
+    in creation order; a refused duplicate takes none."""
+    start = api.settings.id_blocks_start
+    for name in ("ids-a", "ids-b"):
+        assert (await api.client.post("/v1/projects", json={"name": name})).status_code == 201
+    assert (await api.client.post("/v1/projects", json={"name": "ids-a"})).status_code == 409
+    made = (await api.client.post("/v1/projects", json={"name": "ids-c"})).json()
+    listed = {p["name"]: p["host_ids"] for p in (await api.client.get("/v1/projects")).json()}
+    assert listed["default"] == {"first": start, "last": start + 65535}
+    assert listed["ids-a"] == {"first": start + 65536, "last": start + 2 * 65536 - 1}
+    assert listed["ids-b"]["first"] == start + 2 * 65536
+    assert (
+        made["host_ids"]
+        == listed["ids-c"]
+        == {"first": start + 3 * 65536, "last": start + 4 * 65536 - 1}
+    )

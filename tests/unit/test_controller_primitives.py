@@ -48,7 +48,7 @@ async def _cluster(db: async_sessionmaker[AsyncSession]) -> tuple[str, str]:
         org = Organization(name="o")
         s.add(org)
         await s.flush()
-        proj = Project(organization_id=org.id, name="p")
+        proj = Project(organization_id=org.id, name="p", id_block=0)
         s.add(proj)
         await s.flush()
         c = Cluster(

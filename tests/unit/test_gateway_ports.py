@@ -36,7 +36,7 @@ async def db(tmp_path: Path) -> AsyncIterator[tuple[AsyncSession, Project]]:
         org = Organization(name="o")
         session.add(org)
         await session.flush()
-        project = Project(organization_id=org.id, name="p")
+        project = Project(organization_id=org.id, name="p", id_block=0)
         session.add(project)
         await session.flush()
         yield session, project

@@ -324,11 +324,21 @@ class ProjectCreate(_Model):
     _name = field_validator("name")(check_name)
 
 
+class IdRange(_Out):
+    first: int
+    last: int
+
+
 class Project(_Out):
     name: str
     description: str
     role: ProjectRole | None = None
     created_at: datetime
+    host_ids: IdRange | None = Field(
+        default=None,
+        description="the host uids and gids the project's nodes run as (its user namespaces "
+        "map node ids 0-65535 onto them); the same on every host (docs/security.md)",
+    )
 
 
 class ApiKeyCreate(_Model):

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import NodeCommandError, NodeShell
 from gpuclusters.providers.base import (
     Instance,
@@ -107,6 +108,7 @@ def make_app(
             compute_class=body.compute_class,
             volume_id=body.volume_id,
             labels=body.labels,
+            host_ids=None if body.host_ids_first is None else IdBlock(body.host_ids_first),
         )
         return _instance(await provider.create_at(spec, address=body.address))
 

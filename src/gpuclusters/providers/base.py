@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
+from gpuclusters.core.idblocks import IdBlock
+
 
 class ProviderError(Exception):
     """A transient provider failure; retry later."""
@@ -62,6 +64,10 @@ class NodeSpec:
     compute_class: str
     volume_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # The project's host id block: the node's user namespace maps its ids
+    # 0-65535 onto it (core/idblocks.py). None only in tests of providers
+    # that do not run user namespaces.
+    host_ids: IdBlock | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuclusters.core import idblocks
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUCLUSTERS_", extra="ignore")
@@ -208,6 +210,12 @@ class Settings(BaseSettings):
         description="MTU of cluster networks; default 1450 (VXLAN over a 1500 underlay) with "
         "the hosts provider, the kernel's 1500 on the embedded fleet",
     )
+    id_blocks_start: int = Field(
+        default=idblocks.DEFAULT_START,
+        description="the first host uid/gid of the projects' id blocks (65536 ids each, one per "
+        "project, for their nodes' user namespaces); a multiple of 65536 above every id the "
+        "hosts use (docs/security.md)",
+    )
     node_share: float = Field(
         default=1.0,
         gt=0,
@@ -282,6 +290,15 @@ class Settings(BaseSettings):
             raise ValueError("must be FIRST-LAST with 1024 <= FIRST <= LAST <= 65535")
         if last - first < 1:
             raise ValueError("must hold at least two ports")
+        return v
+
+    @field_validator("id_blocks_start")
+    @classmethod
+    def _id_blocks_start(cls, v: int) -> int:
+        try:
+            idblocks.check_start(v)
+        except idblocks.IdBlockError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @field_validator("public_host")

@@ -219,6 +219,7 @@ class HostsNodeProvider(NetnsNodeProvider):
                 address=rec.address,
                 volume_id=spec.volume_id,
                 labels=dict(spec.labels),
+                host_ids_first=spec.host_ids.first if spec.host_ids else None,
             ),
         )
         return _instance(out)

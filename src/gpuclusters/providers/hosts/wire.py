@@ -42,6 +42,8 @@ class NodeCreate(_Body):
     address: str
     volume_id: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # The project's host id block (core/idblocks.py): first host id.
+    host_ids_first: int | None = None
 
 
 class InstanceOut(_Body):

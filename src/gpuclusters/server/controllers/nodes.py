@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core import idblocks
 from gpuclusters.core.enums import EventReason, NodePhase
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef, PermanentLayerError
 from gpuclusters.providers.base import InstanceState, PermanentProviderError
@@ -47,7 +48,7 @@ from gpuclusters.server.controllers.refs import (
     node_spec,
 )
 from gpuclusters.server.db.allocation import PREEMPTED
-from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, utcnow
+from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, Project, utcnow
 from gpuclusters.server.db.records import close_usage, open_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.keys import hash_key, new_key
@@ -191,8 +192,13 @@ class NodeReconciler(SteppedReconciler):
         if phase is P.SCHEDULING:
             if host is None:
                 return await self._write(row_id, token, phase=P.FAILED, message="no host assigned")
+            async with self.ctx.sessionmaker() as session:
+                id_block = await session.scalar(
+                    select(Project.id_block).where(Project.id == cluster.project_id)
+                )
+            ids = idblocks.block(id_block or 0, self.rt.settings.id_blocks_start)
             try:
-                inst = await self.rt.provider.create(node_spec(node, cluster, host))
+                inst = await self.rt.provider.create(node_spec(node, cluster, host, ids))
             except PermanentProviderError as exc:
                 return await self._write(row_id, token, phase=P.FAILED, message=str(exc))
             if inst.state is InstanceState.FAILED:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.layers.base import (
     ClusterRef,
     GatewayRef,
@@ -167,7 +168,7 @@ def node_ref(node: Node, host: Host | None) -> NodeRef:
     )
 
 
-def node_spec(node: Node, cluster: Cluster, host: Host) -> NodeSpec:
+def node_spec(node: Node, cluster: Cluster, host: Host, ids: IdBlock) -> NodeSpec:
     return NodeSpec(
         node_id=node.id,
         name=node.name,
@@ -177,6 +178,7 @@ def node_spec(node: Node, cluster: Cluster, host: Host) -> NodeSpec:
         gpu_type=cluster.gpu_type,
         compute_class=node.compute_class,
         volume_id=cluster.volume_id,
+        host_ids=ids,
         labels={
             "gpuclusters.io/compute-class": node.compute_class,
             "gpuclusters.io/gpu-type": cluster.gpu_type,

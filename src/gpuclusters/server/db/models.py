@@ -88,12 +88,18 @@ class Organization(Base):
 
 class Project(Base):
     __tablename__ = "projects"
-    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    __table_args__ = (
+        UniqueConstraint("organization_id", "name"),
+        UniqueConstraint("id_block", name="uq_projects_id_block"),
+    )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
     name: Mapped[str] = mapped_column(String(64))
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # The project's host id block (core/idblocks.py): its nodes' uids and
+    # gids on every host. Unique across organizations, never reused.
+    id_block: Mapped[int] = mapped_column(Integer)
 
 
 class User(Base):

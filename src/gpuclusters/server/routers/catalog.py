@@ -91,15 +91,21 @@ async def delete_capacity(
 
 
 @router.get("/projects", response_model=list[api.Project])
-async def list_projects(session: SessionDep, principal: PrincipalDep) -> list[api.Project]:
-    return await tenancy.list_projects(session, principal=principal)
+async def list_projects(
+    session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> list[api.Project]:
+    return await tenancy.list_projects(
+        session, principal=principal, id_start=rt.settings.id_blocks_start
+    )
 
 
 @router.post("/projects", response_model=api.Project, status_code=201)
 async def create_project(
-    body: api.ProjectCreate, session: SessionDep, principal: PrincipalDep
+    body: api.ProjectCreate, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> api.Project:
-    return await tenancy.create_project(session, principal=principal, body=body)
+    return await tenancy.create_project(
+        session, principal=principal, body=body, id_start=rt.settings.id_blocks_start
+    )
 
 
 @router.post("/api-keys", response_model=api.ApiKeyCreated, status_code=201)

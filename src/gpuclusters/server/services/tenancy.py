@@ -12,6 +12,7 @@ from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core import idblocks
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import ProjectRole
 from gpuclusters.core.errors import (
@@ -82,7 +83,12 @@ async def bootstrap(session: AsyncSession) -> str | None:
     org = Organization(name=DEFAULT_ORG)
     session.add(org)
     await session.flush()
-    project = Project(organization_id=org.id, name=DEFAULT_PROJECT, description="default project")
+    project = Project(
+        organization_id=org.id,
+        name=DEFAULT_PROJECT,
+        description="default project",
+        id_block=await _next_id_block(session),
+    )
     admin = User(organization_id=org.id, name=ADMIN_USER, is_admin=True, uid=FIRST_UID)
     session.add_all([project, admin])
     await session.flush()
@@ -100,7 +106,17 @@ async def _next_uid(session: AsyncSession, organization_id: str) -> int:
     top = await session.scalar(
         select(func.max(User.uid)).where(User.organization_id == organization_id)
     )
-    return max(FIRST_UID, (top or 0) + 1)
+    uid = max(FIRST_UID, (top or 0) + 1)
+    if uid > idblocks.LAST_USER_ID:
+        raise InvalidStateError(
+            f"the organization has used every user id ({FIRST_UID}-{idblocks.LAST_USER_ID})"
+        )
+    return uid
+
+
+async def _next_id_block(session: AsyncSession) -> int:
+    # Across organizations: a block is a range of host ids, one per project.
+    return idblocks.next_index([await session.scalar(select(func.max(Project.id_block)))])
 
 
 async def authenticate(session: AsyncSession, *, key: str | None) -> Principal:
@@ -179,7 +195,14 @@ async def whoami(session: AsyncSession, *, principal: Principal) -> api.WhoAmI:
     )
 
 
-async def list_projects(session: AsyncSession, *, principal: Principal) -> list[api.Project]:
+def _host_ids(project: Project, id_start: int) -> api.IdRange:
+    block = idblocks.block(project.id_block, id_start)
+    return api.IdRange(first=block.first, last=block.last)
+
+
+async def list_projects(
+    session: AsyncSession, *, principal: Principal, id_start: int = idblocks.DEFAULT_START
+) -> list[api.Project]:
     rows = await session.scalars(
         select(Project)
         .where(Project.organization_id == principal.organization_id)
@@ -191,24 +214,26 @@ async def list_projects(session: AsyncSession, *, principal: Principal) -> list[
         if role is None:
             continue
         out.append(
-            api.Project(name=p.name, description=p.description, role=role, created_at=p.created_at)
+            api.Project(
+                name=p.name,
+                description=p.description,
+                role=role,
+                created_at=p.created_at,
+                host_ids=_host_ids(p, id_start),
+            )
         )
     return out
 
 
 async def create_project(
-    session: AsyncSession, *, principal: Principal, body: api.ProjectCreate
+    session: AsyncSession,
+    *,
+    principal: Principal,
+    body: api.ProjectCreate,
+    id_start: int = idblocks.DEFAULT_START,
 ) -> api.Project:
     require_org_admin(principal, "creating projects")
-    project = Project(
-        organization_id=principal.organization_id, name=body.name, description=body.description
-    )
-    session.add(project)
-    try:
-        await session.flush()
-    except IntegrityError:
-        await session.rollback()
-        raise AlreadyExistsError(f"project {body.name!r} already exists", field="name") from None
+    project = await _insert_project(session, principal.organization_id, body)
     session.add(
         ProjectMember(
             project_id=project.id, user_id=principal.user_id, role=ProjectRole.ADMIN.value
@@ -220,7 +245,37 @@ async def create_project(
         description=project.description,
         role=ProjectRole.ADMIN,
         created_at=project.created_at,
+        host_ids=_host_ids(project, id_start),
     )
+
+
+async def _insert_project(
+    session: AsyncSession, organization_id: str, body: api.ProjectCreate
+) -> Project:
+    """Insert the project with the next id block. Two replicas may pick the
+    same block at once; the unique constraint refuses the second, which
+    picks again."""
+    for _ in range(5):
+        project = Project(
+            organization_id=organization_id,
+            name=body.name,
+            description=body.description,
+            id_block=await _next_id_block(session),
+        )
+        session.add(project)
+        try:
+            await session.flush()
+            return project
+        except IntegrityError:
+            await session.rollback()
+        taken = await session.scalar(
+            select(Project.id).where(
+                Project.organization_id == organization_id, Project.name == body.name
+            )
+        )
+        if taken is not None:
+            raise AlreadyExistsError(f"project {body.name!r} already exists", field="name")
+    raise InvalidStateError("could not reserve an id block for the project; try again")
 
 
 async def create_api_key(
