@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.linux import layout, network, sysmount
 from gpuclusters.linux.layout import DEFAULT_NS_DIR, NodeLayout
@@ -42,13 +43,14 @@ class Fleet:
     def volumes(self) -> VolumeStore:
         return VolumeStore(self.home / "volumes")
 
-    def provider(self, *, node_share: float = 1.0) -> NetnsNodeProvider:
+    def provider(self, *, node_share: float = 1.0, userns: bool = False) -> NetnsNodeProvider:
         return NetnsNodeProvider(
             NetnsProviderConfig(
                 fleet=load_fleet(DEFAULT_NETNS_FLEET),
                 home=self.home,
                 spawn_agent=self.spawn_agent,
                 node_share=node_share,
+                userns=userns,
             )
         )
 
@@ -65,6 +67,7 @@ class Fleet:
         *,
         volume_id: str | None = None,
         cluster_name: str = "test",
+        host_ids: IdBlock | None = None,
     ) -> NodeSpec:
         node_id = new_id()
         self.node_ids.add(node_id)
@@ -77,6 +80,7 @@ class Fleet:
             gpu_type="H100_SXM",
             compute_class="standard",
             volume_id=volume_id,
+            host_ids=host_ids,
         )
 
     def recorded_ids(self) -> set[str]:
@@ -95,7 +99,8 @@ def leftovers(node_ids: Iterable[str], cluster_ids: Iterable[str], home: Path) -
             found.append(f"netns {lay.netns}")
         if network.link_exists(lay.veth):
             found.append(f"veth {lay.veth}")
-        for f in (*lay.ns_files, lay.netns_path):
+        pins = (*lay.ns_files, lay.cgroup_file, lay.user_file, lay.netns_path)
+        for f in (*pins, lay.user_file.with_suffix(".userids")):
             if str(f) in mounts or f.exists():
                 found.append(f"pin {f}")
         if lay.dir.exists():

@@ -69,6 +69,8 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWCGROUP = 0x02000000
 PR_SET_PDEATHSIG = 1
 # Linux signal numbers; the signal module would pull in enum (slow start-up).
 SIGKILL = 9
@@ -120,22 +122,33 @@ def enter(request: dict[str, Any]) -> None:
     child, a process of the node's PID namespace (the parent waits for it and
     exits with its status)."""
     global NODE_NETNS
+    # The node's share of the host bounds this helper and what it starts;
+    # joined by the host path, before the node's own cgroup view.
+    join_cgroups(request.get("cgroups", []))
     # Open all first: after the mount namespace switch the host paths are
-    # gone. Mount last for the same reason.
-    order = (
+    # gone. Mount last for the same reason. A node's user namespace comes
+    # first: it owns the others, and entering it gives the rights to.
+    order = [
         (request["netns"], CLONE_NEWNET),
         (request["uts"], CLONE_NEWUTS),
         (request["ipc"], CLONE_NEWIPC),
         (request["pid"], CLONE_NEWPID),
         (request["mnt"], CLONE_NEWNS),
-    )
+    ]
+    if "user" in request:
+        order = [(request["user"], CLONE_NEWUSER), *order, (request["cgroupns"], CLONE_NEWCGROUP)]
     fds = [(os.open(path, os.O_RDONLY), flag) for path, flag in order]
-    st = os.fstat(fds[0][0])
+    st = os.fstat(fds[1 if "user" in request else 0][0])
     NODE_NETNS = (st.st_dev, st.st_ino)
     for fd, flag in fds:
         if libc.setns(fd, flag) != 0:
             raise OpError(f"setns: {os.strerror(ctypes.get_errno())}")
         os.close(fd)
+        if flag == CLONE_NEWUSER:
+            # The node's root: ids 0 in it (host root is not mapped there).
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
+            os.setgroups([])
     os.chdir("/")
     unlimit_memlock()  # for the daemons this helper spawns
     child = os.fork()
@@ -147,8 +160,6 @@ def enter(request: dict[str, Any]) -> None:
         libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
         if os.getppid() != 0:
             os._exit(1)
-        # The node's share of the host bounds what the worker starts.
-        join_cgroups(request.get("cgroups", []))
         return
     while True:
         try:

@@ -96,6 +96,25 @@ MS_REC = 0x4000
 MNT_DETACH = 0x2
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWCGROUP = 0x02000000
+MS_PRIVATE = 1 << 18
+# The new mount API (Linux >= 5.12 for idmapped mounts): x86_64 and
+# aarch64 share these numbers.
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+SYS_MOUNT_SETATTR = 442
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = 0o2000000
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_IDMAP = 0x00100000
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
@@ -107,6 +126,20 @@ SKIP_TOP = {"lost+found"}
 DEV_BINDS = ("null", "zero", "full", "random", "urandom", "tty", "kmsg")
 
 libc = ctypes.CDLL("libc.so.6", use_errno=True)
+# The host id of the node's root: 0, or the first id of its block for a
+# node in a user namespace. What the boot makes as host root in the node's
+# own places (its tmpfs mounts, the directories and links of its root) is
+# given to it, or the node would see them owned by nobody.
+OWNER = 0
+
+
+def own(path: str) -> None:
+    if OWNER:
+        os.lchown(path, OWNER, OWNER)
+
+
+def owned(opts: str) -> str:
+    return f"{opts},uid={OWNER},gid={OWNER}" if OWNER else opts
 
 
 def _fail(what: str) -> None:
@@ -133,7 +166,54 @@ def bind(source: str, target: str, *, recursive: bool = False, readonly: bool = 
         mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
 
 
-def populate_root(root: str) -> None:
+class MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def idmapped_tree(path: str, userns_fd: int) -> int:
+    """A detached, read-only copy of the mount tree at ``path`` that shows
+    host ids as the user namespace maps them (host root as the node's
+    root). Made by host root, before the boot enters the node's user
+    namespace: idmapping a mount needs privilege over the filesystem."""
+    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
+    fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), flags)
+    if fd < 0:
+        _fail(f"open_tree {path}")
+    attr = MountAttr(attr_set=MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, userns_fd=userns_fd)
+    rc = libc.syscall(
+        SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), 32
+    )
+    if rc != 0:
+        _fail(f"idmap {path}")
+    return int(fd)
+
+
+def attach(fd: int, target: str) -> None:
+    """Attach a detached mount (:func:`idmapped_tree`) at ``target``."""
+    rc = libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH)
+    if rc != 0:
+        _fail(f"attach {target}")
+    os.close(fd)
+
+
+def shared_top_dirs() -> list[str]:
+    """The host's top-level directories every node sees read-only."""
+    return [
+        e.path
+        for e in os.scandir("/")
+        if e.name not in PRIVATE_TOP
+        and e.name not in SKIP_TOP
+        and not e.is_symlink()
+        and e.is_dir(follow_symlinks=False)
+    ]
+
+
+def populate_root(root: str, idmapped: dict[str, int] | None = None) -> None:
     for entry in os.scandir("/"):
         name, target = entry.name, os.path.join(root, entry.name)
         if name in PRIVATE_TOP or name in SKIP_TOP:
@@ -145,16 +225,21 @@ def populate_root(root: str) -> None:
             if os.path.lexists(target):
                 os.remove(target)
             os.symlink(link, target)
+            own(target)
         elif entry.is_dir(follow_symlinks=False):
             os.makedirs(target, exist_ok=True)
-            bind(entry.path, target, recursive=True, readonly=True)
+            if idmapped is not None and entry.path in idmapped:
+                attach(idmapped.pop(entry.path), target)
+            else:
+                bind(entry.path, target, recursive=True, readonly=True)
     for name in PRIVATE_TOP:
         os.makedirs(os.path.join(root, name), exist_ok=True)
+        own(os.path.join(root, name))
     os.chmod(os.path.join(root, "root"), 0o700)
 
 
 def make_dev(dev: str, gpus: int) -> None:
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=755,size=1m")
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID, owned("mode=755,size=1m"))
     for name in DEV_BINDS:
         host = "/dev/" + name
         if os.path.exists(host):
@@ -164,12 +249,12 @@ def make_dev(dev: str, gpus: int) -> None:
     pts = os.path.join(dev, "pts")
     os.mkdir(pts)
     # newinstance: the node's ptys are its own, not the host's.
-    opts = "newinstance,ptmxmode=0666,mode=620,gid=5"
+    opts = f"newinstance,ptmxmode=0666,mode=620,gid={OWNER + 5}"
     mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, opts)
     os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
     shm = os.path.join(dev, "shm")
     os.mkdir(shm)
-    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, owned("mode=1777"))
     for name, link in (
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -177,6 +262,7 @@ def make_dev(dev: str, gpus: int) -> None:
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(link, os.path.join(dev, name))
+        own(os.path.join(dev, name))
     devices = [(f"nvidia{i}", i) for i in range(gpus)]
     if gpus:
         devices.append(("nvidiactl", NVIDIACTL_MINOR))
@@ -287,7 +373,17 @@ def pivot(root: str) -> None:
     os.chdir("/")
 
 
-def boot(spec: dict[str, Any]) -> int:
+def boot(
+    spec: dict[str, Any],
+    idmapped: dict[str, int] | None = None,
+    enter: tuple[int, int] | None = None,
+) -> int:
+    """Build the node's root in this (the node's new) mount namespace and
+    start its init; returns the init's host pid. ``idmapped``: detached
+    idmapped mounts of host paths (a node in a user namespace), used for
+    the host directories the node shares and its overlays' lower layers;
+    ``enter``: the user and cgroup namespaces (fds) to enter before the
+    node's init starts."""
     os.umask(0o022)
     # Inherited by the boot daemons and everything they start.
     _nodeops.unlimit_memlock()
@@ -301,15 +397,30 @@ def boot(spec: dict[str, Any]) -> int:
     os.close(fd)
 
     root: str = spec["root"]
+    userns = idmapped is not None
+    global OWNER
+    OWNER = int(spec.get("owner", 0))
 
     def at(path: str) -> str:
         return os.path.join(root, path.lstrip("/"))
 
     bind(root, root)
-    populate_root(root)
+    populate_root(root, idmapped)
     for ov in spec["overlays"]:
-        opts = f"lowerdir={ov['lower']},upperdir={ov['upper']},workdir={ov['work']}"
+        lower, staged = ov["lower"], None
+        if idmapped is not None and lower in idmapped:
+            # The lower layer through its idmapped copy, attached for the
+            # overlay's mount only (overlayfs keeps its own clone).
+            staged = at("/.lower-" + ov["target"].strip("/"))
+            os.makedirs(staged, exist_ok=True)
+            attach(idmapped.pop(lower), staged)
+            lower = staged
+        opts = f"lowerdir={lower},upperdir={ov['upper']},workdir={ov['work']}"
         mount("overlay", at(ov["target"]), "overlay", 0, opts)
+        if staged is not None:
+            if libc.umount2(staged.encode(), MNT_DETACH) != 0:
+                _fail(f"detach {staged}")
+            os.rmdir(staged)
     for sb in spec.get("binds", []):
         os.makedirs(at(sb["target"]), exist_ok=True)
         bind(sb["source"], at(sb["target"]))
@@ -318,18 +429,21 @@ def boot(spec: dict[str, Any]) -> int:
         if not os.path.exists(target):
             open(target, "a").close()  # a bind mount needs something to cover
         bind(eb["source"], target, readonly=True)
-    mount("tmpfs", at("/run"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+    mount("tmpfs", at("/run"), "tmpfs", MS_NOSUID | MS_NODEV, owned("mode=755"))
     for sub, mode in (("gpuclusters", 0o755), ("gpuclusters-daemons", 0o755), ("lock", 0o1777)):
         os.mkdir(at("/run/" + sub))
         os.chmod(at("/run/" + sub), mode)
+        own(at("/run/" + sub))
     # The control plane's directory (agent socket) is shared by every node,
     # so it sits one level down: /run/gpuclusters itself is the node's own.
     os.mkdir(at("/run/gpuclusters/control"))
+    own(at("/run/gpuclusters/control"))
     bind(spec["run_dir"], at("/run/gpuclusters/control"))
     bind(spec["tmp"], at("/tmp"))
     bind(spec["scratch"], at("/scratch"))
     if spec["shared"]:
         os.makedirs(at("/mnt/shared"), exist_ok=True)
+        own(at("/mnt/shared"))
         bind(spec["shared"], at("/mnt/shared"))
     devices = spec.get("devices")
     # Real GPUs replace the simulated nvidia* nodes (bound below); a host
@@ -337,7 +451,7 @@ def boot(spec: dict[str, Any]) -> int:
     real_gpus = devices is not None and int(devices.get("gpu_count", 1)) > 0
     make_dev(at("/dev"), 0 if real_gpus else int(spec["gpus"]))
     mount("sysfs", at("/sys"), "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    if os.path.isdir("/sys/fs/cgroup"):
+    if not userns and os.path.isdir("/sys/fs/cgroup"):
         bind("/sys/fs/cgroup", at("/sys/fs/cgroup"), recursive=True)
     for path in spec["masks"]:
         if os.path.isdir(at(path)):
@@ -345,29 +459,119 @@ def boot(spec: dict[str, Any]) -> int:
     for path in spec["shares"]:
         if not same_file(path, at(path)):
             os.makedirs(at(path), exist_ok=True)
-            bind(path, at(path), recursive=True, readonly=True)
+            if idmapped is not None and path in idmapped:
+                attach(idmapped.pop(path), at(path))
+            else:
+                bind(path, at(path), recursive=True, readonly=True)
     refresh = False
     if devices:
         # Last, so that no mount above covers them.
         report, refresh = expose_devices(root, devices)
         with open(at("/run/gpuclusters/devices"), "w") as f:
             f.write("".join(line + "\n" for line in report))
-    pivot(root)
-    if refresh:
-        refresh_ldcache()
-    return start_init(spec["daemons"], spec.get("cgroups", []))
+    if enter is None:
+        return start_init(root, spec["daemons"], spec.get("cgroups", []), refresh)
+    # Into the node's user namespace, as its root. From here on host paths
+    # may not be searchable: the root is reached relative to the cwd.
+    os.chdir(root)
+    userns_fd, cgroupns_fd = enter
+    if libc.setns(userns_fd, CLONE_NEWUSER) != 0:
+        _fail("setns user")
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    os.setgroups([])
+    if libc.setns(cgroupns_fd, CLONE_NEWCGROUP) != 0:
+        _fail("setns cgroup")
+    mount_cgroups("sys/fs/cgroup", spec.get("cgroup_mounts", []))
+    # The cgroup leaf was joined already (by its host path, as host root).
+    return start_init(".", spec["daemons"], [], refresh)
 
 
-def start_init(daemons: list[dict[str, Any]], cgroups: list[str]) -> int:
+def mount_cgroups(target: str, hierarchies: list[list[str]]) -> None:
+    """The node's own view of the cgroup hierarchies: mounted afresh inside
+    its cgroup namespace, each shows the node's cgroup as its root (v1: a
+    tmpfs with one directory per hierarchy, as on the host; v2: the unified
+    hierarchy itself)."""
+    if hierarchies == [["", ""]]:
+        mount("cgroup2", target, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        return
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=755")
+    for name, opts in hierarchies:
+        path = os.path.join(target, name)
+        os.mkdir(path)
+        mount("cgroup", path, "cgroup", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
+
+
+def boot_in_userns(spec: dict[str, Any]) -> int:
+    """Boot a node inside its user namespace (``spec["userns"]``, pinned by
+    linux/userns.py).
+
+    A child enters the user namespace and makes the node's mount, UTS, IPC
+    and cgroup namespaces there, so that the node's root owns them; it
+    stands in the node's cgroup meanwhile, which makes that the cgroup
+    namespace's root. Then this process, still host root, joins those
+    namespaces and builds the node's root (:func:`boot`): host root may
+    look up and bind every host path the node needs (the server's home is
+    not searchable by the node's ids), idmap the host directories the node
+    shares, and make the simulated device nodes. Last it enters the user
+    namespace itself and starts the node's init, whose host pid is the
+    result; the caller pins the namespaces from the init's /proc."""
+    userns_fd = os.open(spec["userns"], os.O_RDONLY)
+    idmapped: dict[str, int] = {}
+    wanted = shared_top_dirs() + [ov["lower"] for ov in spec["overlays"]] + list(spec["shares"])
+    for path in wanted:
+        if path not in idmapped and os.path.isdir(path):
+            idmapped[path] = idmapped_tree(path, userns_fd)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(ready_r)
+        os.close(go_w)
+        try:
+            _nodeops.join_cgroups(spec.get("cgroup_top", []))
+            if libc.setns(userns_fd, CLONE_NEWUSER) != 0:
+                _fail("setns user")
+            if libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP) != 0:
+                _fail("unshare")
+            mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+            os.write(ready_w, b"ok")
+        except OSError as exc:
+            os.write(ready_w, str(exc).encode())
+        os.read(go_r, 1)
+        _nodeops.exit_now(0)
+    os.close(ready_w)
+    os.close(go_r)
+    report = os.read(ready_r, 4096).decode("utf-8", "replace")
+    try:
+        if report != "ok":
+            raise OSError(0, report or "the node's namespaces could not be made")
+        kinds = (("mnt", CLONE_NEWNS), ("uts", CLONE_NEWUTS), ("ipc", CLONE_NEWIPC))
+        fds = [(os.open(f"/proc/{child}/ns/{k}", os.O_RDONLY), flag) for k, flag in kinds]
+        cgroupns_fd = os.open(f"/proc/{child}/ns/cgroup", os.O_RDONLY)
+    finally:
+        os.close(go_w)
+        os.waitpid(child, 0)
+    # The node's processes all descend from this one: into its leaf.
+    _nodeops.join_cgroups(spec.get("cgroups", []))
+    for fd, flag in fds:
+        if libc.setns(fd, flag) != 0:
+            _fail("setns")
+        os.close(fd)
+    return boot(spec, idmapped, (userns_fd, cgroupns_fd))
+
+
+def start_init(root: str, daemons: list[dict[str, Any]], cgroups: list[str], refresh: bool) -> int:
     """Fork the node's init into a new PID namespace; returns its host pid
-    once it has mounted /proc and started the boot daemons."""
+    once it has mounted /proc, pivoted into the node's root and started the
+    boot daemons."""
     if libc.unshare(CLONE_NEWPID) != 0:
         _fail("unshare pid")
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        node_init(daemons, cgroups, w)  # never returns
+        node_init(root, daemons, cgroups, refresh, w)  # never returns
     os.close(w)
     chunks = []
     while chunk := os.read(r, 4096):
@@ -380,14 +584,24 @@ def start_init(daemons: list[dict[str, Any]], cgroups: list[str]) -> int:
     return pid
 
 
-def node_init(daemons: list[dict[str, Any]], cgroups: list[str], ready: int) -> None:
+def node_init(
+    root: str, daemons: list[dict[str, Any]], cgroups: list[str], refresh: bool, ready: int
+) -> None:
     """PID 1 of the node. Never returns."""
     try:
         os.setsid()
-        # Into the node's cgroup first: everything of the node descends from
-        # this process and so shares the node's limits (linux/nodecgroup.py).
+        # Into the node's cgroup first (by its host path, before the pivot):
+        # everything of the node descends from this process and so shares
+        # the node's limits (linux/nodecgroup.py).
         _nodeops.join_cgroups(cgroups)
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        # A proc shows the PID namespace of the process that mounts it. It
+        # is mounted before the pivot: in a user namespace the kernel allows
+        # a new proc only where one is already fully visible (the host's).
+        proc = os.path.join(root, "proc")
+        mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        pivot(root)
+        if refresh:
+            refresh_ldcache()
         # Inside the node in every namespace, like a process that entered
         # it: start its boot daemons (the node agent) the way the shell's
         # spawn does. They are this init's children once their starter
@@ -413,7 +627,8 @@ def node_init(daemons: list[dict[str, Any]], cgroups: list[str], ready: int) -> 
 
 def main() -> int:
     try:
-        pid = boot(marshal.loads(sys.stdin.buffer.read()))
+        spec = marshal.loads(sys.stdin.buffer.read())
+        pid = boot_in_userns(spec) if spec.get("userns") else boot(spec)
     except (OSError, KeyError, ValueError, _nodeops.OpError) as exc:
         print(f"nsinit: {exc}", file=sys.stderr)
         return 1

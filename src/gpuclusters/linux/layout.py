@@ -7,6 +7,9 @@ crashed predecessor made, even from a half-written state file:
 ==========================  ===============================================
 netns                        ``/run/netns/gpc-<id[:12]>`` (``ip netns``)
 host veth                    ``gpcv<id[:8]>`` (node side is ``eth0``)
+user, cgroup ns              ``<ns_dir>/<id>.{user,cgroup}`` (user
+                             namespace mode: linux/userns.py); the user
+                             namespace's map is in ``<id>.userids``
 mount, UTS, IPC, PID ns     ``<ns_dir>/<id>.{mnt,uts,ipc,pid}``; the PID
                              namespace's init (the node's PID 1) is recorded
                              in ``<home>/nodes/<id>/init`` (host pid, start)
@@ -101,6 +104,10 @@ class NodeLayout:
     node_id: str
     ns_dir: Path
     nodes_dir: Path
+    # Whether the node runs in its own user namespace (linux/userns.py):
+    # then its namespaces are entered through it, and it has a cgroup
+    # namespace too.
+    userns: bool = False
 
     def __post_init__(self) -> None:
         check_id(self.node_id, "node id")
@@ -134,9 +141,21 @@ class NodeLayout:
         return self.ns_dir / f"{self.node_id}.pid"
 
     @property
+    def user_file(self) -> Path:
+        """The node's user namespace: pinned for the node's life, like the
+        netns it owns (a power-off keeps it)."""
+        return self.ns_dir / f"{self.node_id}.user"
+
+    @property
+    def cgroup_file(self) -> Path:
+        return self.ns_dir / f"{self.node_id}.cgroup"
+
+    @property
     def ns_files(self) -> tuple[Path, ...]:
-        """The pinned namespaces besides the netns (unshare binds them)."""
-        return (self.mnt_file, self.uts_file, self.ipc_file, self.pid_file)
+        """The namespaces pinned at boot besides the netns (and the user
+        namespace): a power-off drops them."""
+        files = (self.mnt_file, self.uts_file, self.ipc_file, self.pid_file)
+        return (*files, self.cgroup_file) if self.userns else files
 
     @property
     def dir(self) -> Path:
@@ -183,8 +202,11 @@ class NodeLayout:
         return "gpc-" + self.node_id[:12]
 
     def nsenter_args(self) -> list[str]:
-        """The ``nsenter`` options that put a command inside this node."""
+        """The ``nsenter`` options that put a command inside this node (as
+        the node's root, when it has a user namespace)."""
+        user = [f"--user={self.user_file}", f"--cgroup={self.cgroup_file}"] if self.userns else []
         return [
+            *user,
             f"--net={self.netns_path}",
             f"--mount={self.mnt_file}",
             f"--uts={self.uts_file}",

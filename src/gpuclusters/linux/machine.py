@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuclusters.linux import network, nodebase, nodecgroup, procs, sysmount
+from gpuclusters.core.idblocks import IdBlock
+from gpuclusters.linux import network, nodebase, nodecgroup, procs, sysmount, userns
 from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.linux.layout import NODE_ENV, STATE_DIRS, NodeLayout
 from gpuclusters.linux.run import CommandError, run
@@ -87,6 +88,9 @@ class NodeBoot:
     devices: DeviceSet | None = None
     # The node's share of the host (linux/nodecgroup.py).
     limits: nodecgroup.NodeLimits = field(default_factory=nodecgroup.NodeLimits)
+    # The project's host id block, for a node in a user namespace
+    # (``layout.userns``; linux/userns.py).
+    host_ids: IdBlock | None = None
 
 
 def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
@@ -159,9 +163,36 @@ def _prepare_dirs(b: NodeBoot) -> None:
             "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
             f"{b.address}\t{b.hostname}\n"
         )
+    if node.userns:
+        _own(b)
     _ensure_ns_dir(node.ns_dir)
     for f in node.ns_files:
         f.touch()  # namespaces are bound onto existing files
+
+
+def _own(b: NodeBoot) -> None:
+    """Give what the node owns on the host to its id block: its cgroup (by
+    delegation) and its directories. The directories are shifted once, on
+    the node's first boot (recorded in ``ids``); afterwards only what the
+    server (re)writes there each boot, the /etc layer, is shifted again."""
+    node, ids = b.layout, b.host_ids
+    if ids is None:
+        raise MachineError(f"node {node.node_id} runs in a user namespace but has no id block")
+    nodecgroup.delegate(node.cgroup_name, ids.first, ids.first)
+    marker = node.dir / "ids"
+    if marker.exists() and marker.read_text().strip() == str(ids.first):
+        userns.shift_tree(node.upper("etc"), ids)
+        return
+    for path in (
+        node.root,
+        node.dir / "upper",
+        node.dir / "work",
+        node.tmp,
+        node.scratch,
+        node.state,
+    ):
+        userns.shift_tree(path, ids)
+    marker.write_text(f"{ids.first}\n")
 
 
 def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
@@ -203,6 +234,17 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
             for src, target in ((b.hosts_file, "/etc/hosts"), (b.resolv_file, "/etc/resolv.conf"))
             if src is not None
         ],
+        **(_userns_spec(b) if node.userns else {}),
+    }
+
+
+def _userns_spec(b: NodeBoot) -> dict[str, Any]:
+    node = b.layout
+    return {
+        "userns": str(node.user_file),
+        "owner": b.host_ids.first if b.host_ids else 0,
+        "cgroup_top": nodecgroup.top_procs(node.cgroup_name),
+        "cgroup_mounts": [[name, opts] for name, opts in nodecgroup.hierarchies()],
     }
 
 
@@ -210,8 +252,21 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
     """Make what is missing of the node; returns whether its mount namespace
     was (re)made, and so its boot daemons started."""
     node = b.layout
+    if node.userns:
+        if b.host_ids is None:
+            raise MachineError(f"node {node.node_id} runs in a user namespace but has no id block")
+        _ensure_ns_dir(node.ns_dir)
+        if await userns.ensure(node.user_file, b.host_ids) and sysmount.is_ns_file(node.netns_path):
+            # A netns made before this user namespace is not owned by it
+            # (root in the node could not manage its links): made again.
+            await asyncio.to_thread(_power_off, node)
+            await network.delete_node_link(node)
     fresh_netns = await network.ensure_node_link(
-        node, bridge=bridge, index=b.network_index, address=b.address
+        node,
+        bridge=bridge,
+        index=b.network_index,
+        address=b.address,
+        owner=node.user_file if node.userns else None,
     )
     pinned = [sysmount.is_ns_file(f) for f in node.ns_files]
     if all(pinned) and boot_completed(node):
@@ -221,19 +276,23 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
         # processes still in the netns, holding the old mounts): gone first.
         await asyncio.to_thread(_power_off, node)
     await asyncio.to_thread(_prepare_dirs, b)
-    argv = [
-        "unshare",
-        f"--mount={node.mnt_file}",
-        f"--uts={node.uts_file}",
-        f"--ipc={node.ipc_file}",
-        "--propagation",
-        "private",
-        "--",
-        sys.executable,
-        "-I",
-        "-S",
-        str(NSINIT),
-    ]
+    nsinit = [sys.executable, "-I", "-S", str(NSINIT)]
+    # In a user namespace the boot makes the node's namespaces itself
+    # (owned by it); they are pinned below from its init.
+    argv = (
+        nsinit
+        if node.userns
+        else [
+            "unshare",
+            f"--mount={node.mnt_file}",
+            f"--uts={node.uts_file}",
+            f"--ipc={node.ipc_file}",
+            "--propagation",
+            "private",
+            "--",
+            *nsinit,
+        ]
+    )
     try:
         done = await run(argv, stdin=marshal.dumps(_nsinit_spec(b)), timeout_s=30)
     except CommandError:
@@ -254,7 +313,16 @@ def _pin_init(node: NodeLayout, report: str) -> None:
     start = procs.start_time(pid)
     if start is None:
         raise MachineError(f"the node's init (pid {pid}) died right after boot")
-    sysmount.mount(f"/proc/{pid}/ns/pid", str(node.pid_file), None, sysmount.MS_BIND, None)
+    pins = [("pid", node.pid_file)]
+    if node.userns:
+        pins += [
+            ("mnt", node.mnt_file),
+            ("uts", node.uts_file),
+            ("ipc", node.ipc_file),
+            ("cgroup", node.cgroup_file),
+        ]
+    for kind, path in pins:
+        sysmount.mount(f"/proc/{pid}/ns/{kind}", str(path), None, sysmount.MS_BIND, None)
     node.init_file.write_text(f"{pid} {start}\n")
 
 
@@ -364,4 +432,6 @@ async def destroy(node: NodeLayout) -> None:
     # Processes are found through the namespaces, so they die first.
     await power_off(node)
     await network.delete_node_link(node)
+    # Found by its file, not by the layout's mode: a node made in another.
+    await asyncio.to_thread(userns.forget, node.user_file)
     await asyncio.to_thread(_remove_dir, node)

@@ -19,8 +19,9 @@ import hashlib
 import ipaddress
 import json
 import os
+from pathlib import Path
 
-from gpuclusters.linux import layout, sysmount
+from gpuclusters.linux import layout, sysmount, userns
 from gpuclusters.linux.layout import NodeLayout
 from gpuclusters.linux.run import run
 
@@ -85,9 +86,13 @@ async def delete_bridge(cluster_id: str) -> None:
         await _batch([f"link del {name}"])
 
 
-async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address: str) -> bool:
+async def ensure_node_link(
+    node: NodeLayout, *, bridge: str, index: int, address: str, owner: Path | None = None
+) -> bool:
     """Named netns, veth pair on ``bridge``, address and default route.
-    Returns whether the netns is new (so it cannot hold processes yet)."""
+    Returns whether the netns is new (so it cannot hold processes yet).
+    ``owner``: the pinned user namespace a new netns is made in (the
+    node's, linux/userns.py)."""
     cmds = []
     fresh = not sysmount.is_ns_file(node.netns_path)
     if fresh:
@@ -95,7 +100,10 @@ async def ensure_node_link(node: NodeLayout, *, bridge: str, index: int, address
             # A plain file left from before a host reboot: `ip netns add`
             # refuses to reuse it.
             node.netns_path.unlink()
-        cmds.append(f"netns add {node.netns}")
+        if owner is not None:
+            await userns.make_netns(owner, node.netns_path)
+        else:
+            cmds.append(f"netns add {node.netns}")
         if link_exists(node.veth):
             # Its peer is in the node's old netns, which the node's init
             # (and so the veth) outlived: a new pair goes into the new one.

@@ -163,3 +163,59 @@ def _make_v2(root: Path, name: str, limits: NodeLimits) -> None:
     _write(top / "cpu.max", f"{cpu} {CFS_PERIOD_US}")
     _write(top / "memory.max", "max" if limits.memory_bytes is None else str(limits.memory_bytes))
     _write(top / "pids.max", "max" if limits.pids is None else str(limits.pids))
+
+
+# What a delegatee owns in the cgroup handed to it (cgroup v2's delegation
+# model, and the same files on v1): creating children, moving processes
+# between them, handing controllers down; never the limits of the
+# delegated cgroup itself, which its parent (the host) sets.
+_DELEGATED_FILES = ("cgroup.procs", "tasks", "cgroup.subtree_control", "cgroup.threads")
+
+
+def delegate(name: str, uid: int, gid: int, root: Path = CGROUP_ROOT) -> None:
+    """Hand the node's cgroup to its user namespace's root (host ids
+    ``uid``/``gid``): the directory and :data:`_DELEGATED_FILES` of
+    ``gpc-<id>``, and all of its ``node`` leaf. On v1 this is delegation by
+    ownership, per hierarchy; on v2 the usual delegation."""
+    for top in node_dirs(name, root):
+        owned = [top, *(top / f for f in _DELEGATED_FILES)]
+        leaf = top / LEAF
+        owned += [leaf, *leaf.iterdir()] if leaf.is_dir() else []
+        for path in owned:
+            if path.exists():
+                os.chown(path, uid, gid)
+
+
+def top_procs(name: str, root: Path = CGROUP_ROOT) -> list[str]:
+    """The ``cgroup.procs`` of the node's cgroup itself: where a node's
+    boot stands when it makes the node's cgroup namespace, whose root is
+    then ``gpc-<id>`` (the node's init moves on into the leaf)."""
+    return [str(d / "cgroup.procs") for d in node_dirs(name, root)]
+
+
+def hierarchies(root: Path = CGROUP_ROOT) -> list[tuple[str, str]]:
+    """``(directory name, mount options)`` of each v1 hierarchy, or of the
+    v2 one (``("", "")``): what a node mounts again inside its cgroup
+    namespace, at the same places, so that it sees its own subtree as the
+    whole of each."""
+    if is_v2(root):
+        return [("", "")]
+    out = []
+    for h in _v1_hierarchies(root):
+        opts = _v1_options(h)
+        if opts:
+            out.append((h.name, opts))
+    return out
+
+
+def _v1_options(path: Path) -> str:
+    # The controllers (or name=...) a v1 hierarchy was mounted with, from
+    # mountinfo's super options.
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        fields, post_fields = pre.split(), post.split()
+        if len(fields) > 4 and fields[4] == str(path) and post_fields[:1] == ["cgroup"]:
+            opts = post_fields[2].split(",") if len(post_fields) > 2 else []
+            keep = [o for o in opts if o not in ("rw", "ro") and not o.startswith("release_agent")]
+            return ",".join(keep)
+    return ""

@@ -103,9 +103,11 @@ class NamespaceShell:
     def _nsenter(self) -> list[str]:
         _unlimit_memlock()  # nsenter and the command inherit it
         # The command joins the node's cgroup (and so its limits) before it
-        # execs: nsenter cannot, a shell can (writing 0 moves the writer).
+        # enters the node, by its host path: nsenter cannot, a shell can
+        # (writing 0 moves the writer), and inside a node in a user
+        # namespace only the node's own view of the cgroups is mounted.
         files = nodecgroup.leaf_procs(self._node.cgroup_name)
-        return ["nsenter", *self._node.nsenter_args(), "--", "sh", "-c", _JOIN, "sh", *files, "--"]
+        return ["sh", "-c", _JOIN, "sh", *files, "--", "nsenter", *self._node.nsenter_args(), "--"]
 
     @staticmethod
     def _as_user(user: str | None) -> list[str]:
@@ -223,6 +225,7 @@ def _ns_request(node: NodeLayout) -> dict[str, Any]:
         "uts": str(node.uts_file),
         "ipc": str(node.ipc_file),
         "pid": str(node.pid_file),
+        **({"user": str(node.user_file), "cgroupns": str(node.cgroup_file)} if node.userns else {}),
     }
 
 

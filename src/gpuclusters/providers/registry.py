@@ -48,6 +48,7 @@ class ProviderOptions:
     underlay_address: str | None = None
     cluster_mtu: int | None = None
     node_share: float = 1.0
+    node_userns: bool = False
     volumes_dir: Path | None = None
 
 
@@ -84,6 +85,7 @@ def _netns_config(
         cluster_mtu=mtu,
         volumes_dir=opts.volumes_dir,
         node_share=opts.node_share,
+        userns=opts.node_userns,
     )
 
 

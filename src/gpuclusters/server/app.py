@@ -149,6 +149,7 @@ async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
             underlay_address=settings.underlay_address or primary_address(),
             cluster_mtu=settings.cluster_mtu,
             node_share=settings.node_share,
+            node_userns=settings.node_userns,
             volumes_dir=settings.volumes_dir,
         ),
     )

@@ -216,6 +216,12 @@ class Settings(BaseSettings):
         "project, for their nodes' user namespaces); a multiple of 65536 above every id the "
         "hosts use (docs/security.md)",
     )
+    node_userns: bool = Field(
+        default=False,
+        description="run each embedded-fleet GPU node in its own user namespace, mapped onto its "
+        "project's id block (root in a node is nobody on the host); not yet for Kubernetes nodes "
+        "or service nodes (docs/security.md)",
+    )
     node_share: float = Field(
         default=1.0,
         gt=0,

@@ -71,6 +71,8 @@ class NetnsProviderConfig:
     # The share of this host each node may use (linux/nodecgroup.py): its
     # cgroup's limits are this share of the host minus a reserve.
     node_share: float = 1.0
+    # GPU nodes in their own user namespaces (linux/userns.py).
+    userns: bool = False
 
     def __post_init__(self) -> None:
         # overlayfs options are comma separated and lowerdir lists are colon

@@ -41,8 +41,9 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import GatewayTarget, NodeAccess, NodeCommandError, NodeShell
-from gpuclusters.linux import firewall, layout, machine, network, nodecgroup
+from gpuclusters.linux import firewall, layout, machine, network, nodecgroup, userns
 from gpuclusters.linux.layout import LayoutError, NodeLayout
 from gpuclusters.linux.machine import Daemon, MachineError, NodeBoot
 from gpuclusters.linux.procs import ProcessesSurviveError
@@ -104,6 +105,10 @@ class NetnsNodeProvider(NodeProvider):
 
     def __init__(self, config: NetnsProviderConfig) -> None:
         self._cfg = config
+        if config.userns:
+            # Refuse id blocks that meet this host's own ids (accounts,
+            # subordinate ranges) before any node runs as them.
+            userns.check_host_ids()
         self._hosts = {h.name: h for h in config.fleet}
         self._state: ProviderState | None = None
         self._load_lock = asyncio.Lock()
@@ -417,6 +422,7 @@ class NetnsNodeProvider(NodeProvider):
             resolv_file=self._names_dir(rec.cluster_id) / "resolv.conf",
             devices=self._cfg.devices if rec.kind == "gpu" else None,
             limits=nodecgroup.this_host_share(self._cfg.node_share),
+            host_ids=None if rec.host_ids_first is None else IdBlock(rec.host_ids_first),
         )
 
     async def _volume_dir(self, volume_id: str | None) -> Path | None:
@@ -453,6 +459,8 @@ class NetnsNodeProvider(NodeProvider):
         started = False
         if missing:
             shared = await self._volume_dir(rec.volume_id)
+            if shared is not None and rec.host_ids_first is not None:
+                await asyncio.to_thread(userns.adopt, shared, IdBlock(rec.host_ids_first))
             if "cluster bridge" in missing:
                 await network.ensure_bridge(rec.cluster_id, net.index, mtu=net.mtu)
                 if net.vni is not None:
@@ -565,6 +573,7 @@ class NetnsNodeProvider(NodeProvider):
                 address=address or "",
                 ns_dir=str(self._cfg.ns_dir),
                 nodes_dir=str(self._cfg.nodes_dir),
+                userns=self._cfg.userns,
             )
             self._validated(state, rec)
             if address is not None and spec.cluster_id not in state.networks:

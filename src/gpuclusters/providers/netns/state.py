@@ -53,10 +53,20 @@ class NodeRecord:
     role: str | None = None
     volume_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # The first id of the project's host id block, for a node in a user
+    # namespace (linux/userns.py); None: the node runs without one.
+    host_ids_first: int | None = None
 
     @classmethod
     def for_gpu_node(
-        cls, spec: NodeSpec, *, kind: NodeKind, address: str, ns_dir: str, nodes_dir: str
+        cls,
+        spec: NodeSpec,
+        *,
+        kind: NodeKind,
+        address: str,
+        ns_dir: str,
+        nodes_dir: str,
+        userns: bool = False,
     ) -> NodeRecord:
         """The record of a GPU node asked for by ``spec`` (made here, or on
         another host: ``kind="remote"``)."""
@@ -75,11 +85,17 @@ class NodeRecord:
             address=address,
             ns_dir=ns_dir,
             nodes_dir=nodes_dir,
+            host_ids_first=spec.host_ids.first if userns and spec.host_ids else None,
         )
 
     @property
     def layout(self) -> NodeLayout:
-        return NodeLayout(self.node_id, Path(self.ns_dir), Path(self.nodes_dir))
+        return NodeLayout(
+            self.node_id,
+            Path(self.ns_dir),
+            Path(self.nodes_dir),
+            userns=self.host_ids_first is not None,
+        )
 
     def node_info(self) -> dict[str, Any]:
         """The node's /etc/gpuclusters/node.json."""
