@@ -369,7 +369,9 @@ def _ns_ids(node: NodeLayout) -> set[procs.NsId]:
 
 
 def _unpin(node: NodeLayout) -> None:
-    for f in node.ns_files:
+    # The cgroup namespace's pin too when the layout does not know the node
+    # had a user namespace (remains of an unrecorded node).
+    for f in dict.fromkeys((*node.ns_files, node.cgroup_file)):
         sysmount.unmount(f)
         f.unlink(missing_ok=True)
     node.init_file.unlink(missing_ok=True)
