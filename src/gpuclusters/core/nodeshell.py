@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from gpuclusters.core.idblocks import IdBlock
+
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
@@ -117,10 +119,18 @@ class NodeAccess(Protocol):
         """A shell on a GPU node the provider created."""
 
     async def ensure_service_node(
-        self, *, cluster_id: str, cluster_name: str, role: str, volume_id: str | None
+        self,
+        *,
+        cluster_id: str,
+        cluster_name: str,
+        role: str,
+        volume_id: str | None,
+        host_ids: IdBlock | None = None,
     ) -> NodeShell:
         """Create (or find) the cluster's service node for ``role``
-        (e.g. "controller", "login") on the cluster's network; idempotent."""
+        (e.g. "controller", "login") on the cluster's network; idempotent.
+        ``host_ids``: the project's id block, for a provider that runs nodes
+        in user namespaces."""
 
     async def delete_service_nodes(self, *, cluster_id: str) -> None:
         """Remove all service nodes of the cluster; idempotent."""

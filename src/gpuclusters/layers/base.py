@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import CommandResult
 
 
@@ -108,6 +109,9 @@ class ClusterRef:
     ssh: SshAccess | None = None
     # None where the server runs no registry.
     registry: RegistryRef | None = None
+    # The project's host id block (its nodes' user namespaces); None where
+    # the caller did not load it (the provider then uses the cluster's).
+    host_ids: IdBlock | None = None
 
 
 class ClusterLayer(ABC):

@@ -102,6 +102,7 @@ CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWCGROUP = 0x02000000
 MS_PRIVATE = 1 << 18
+PR_SET_DUMPABLE = 4
 # The new mount API (Linux >= 5.12 for idmapped mounts): x86_64 and
 # aarch64 share these numbers.
 SYS_OPEN_TREE = 428
@@ -590,6 +591,11 @@ def node_init(
     """PID 1 of the node. Never returns."""
     try:
         os.setsid()
+        # Entering the user namespace changed this process's credentials,
+        # which made it undumpable: its /proc files, the namespaces a
+        # hostPID pod's `nsenter -t 1` opens among them, would stay host
+        # root's. The node's root owns its init.
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         # Into the node's cgroup first (by its host path, before the pivot):
         # everything of the node descends from this process and so shares
         # the node's limits (linux/nodecgroup.py).

@@ -139,6 +139,9 @@ class K8sNode:
     address: str
     cgroup_root: str
     labels: dict[str, str] = field(default_factory=dict)
+    # The node runs in its own user namespace (docs/security.md): kubelet
+    # then tolerates what only host root may do (KubeletInUserNamespace).
+    in_userns: bool = False
 
     @property
     def pod_cidr(self) -> str:
@@ -380,6 +383,11 @@ def kubelet_config(spec: K8sSpec, node: K8sNode) -> str:
         # Lowering oom_score_adj needs CAP_SYS_RESOURCE (see containerd_config).
         "oomScoreAdj": 0,
     }
+    if node.in_userns:
+        # Root in the node is not the host's: kubelet must not fail on the
+        # host's sysctls, oom_score_adj or /dev/kmsg, as rootless Kubernetes
+        # runs it. Its cgroup root is the node's cgroup namespace's.
+        config["featureGates"] = {"KubeletInUserNamespace": True}
     return json.dumps(config, indent=1) + "\n"
 
 

@@ -76,6 +76,7 @@ class KubernetesLayer(ClusterLayer):
             cluster_name=cluster.name,
             role=CONTROL_PLANE,
             volume_id=cluster.volume_id,
+            host_ids=cluster.host_ids,
         )
 
     def _spec(self, cluster: ClusterRef, cp: NodeShell) -> cfg.K8sSpec:
@@ -134,6 +135,7 @@ class KubernetesLayer(ClusterLayer):
             name=node.name,
             address=shell.address,
             cgroup_root=str(cgroup_root),
+            in_userns=bool(info.get("userns")),
             labels=cfg.node_labels(
                 compute_class=node.compute_class,
                 gpu_type=cluster.gpu_type,

@@ -56,6 +56,7 @@ class SlurmLayer(ClusterLayer):
             cluster_name=cluster.name,
             role=role,
             volume_id=cluster.volume_id,
+            host_ids=cluster.host_ids,
         )
 
     async def _munge_key(self, controller: NodeShell, *, create: bool) -> bytes | None:

@@ -201,7 +201,12 @@ class HostsNodeProvider(NetnsNodeProvider):
                     raise PermanentProviderError(f"host {spec.host} already runs node {taken.name}")
                 # Its namespaces are the host's: no directories here.
                 rec = NodeRecord.for_gpu_node(
-                    spec, kind="remote", address="", ns_dir="", nodes_dir=""
+                    spec,
+                    kind="remote",
+                    address="",
+                    ns_dir="",
+                    nodes_dir="",
+                    userns=self._cfg.userns,
                 )
                 self._validated(state, rec)
                 await self._place(state, rec)
@@ -219,7 +224,9 @@ class HostsNodeProvider(NetnsNodeProvider):
                 address=rec.address,
                 volume_id=spec.volume_id,
                 labels=dict(spec.labels),
-                host_ids_first=spec.host_ids.first if spec.host_ids else None,
+                # The host's agent makes the node in a user namespace of
+                # this block; without one (user namespaces off), none.
+                host_ids_first=rec.host_ids_first,
             ),
         )
         return _instance(out)

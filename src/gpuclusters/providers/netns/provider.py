@@ -391,7 +391,10 @@ class NetnsNodeProvider(NodeProvider):
             # What orchestrator layers read from /etc/gpuclusters/node.json:
             # the cgroup their node's containers go under (made at boot,
             # removed at power-off) and the host's place in the fabric.
-            info["cgroup_root"] = "/" + rec.layout.cgroup_name
+            # In a user namespace the node sees its cgroup as the root.
+            info["cgroup_root"] = "/" if rec.host_ids_first else "/" + rec.layout.cgroup_name
+            if rec.host_ids_first is not None:
+                info["userns"] = True
             if host is not None:
                 info["ib_island"] = host.ib_island
                 info["nvme_gib"] = host.nvme_gib
@@ -661,7 +664,13 @@ class NetnsNodeProvider(NodeProvider):
         return self._shell(rec)
 
     async def ensure_service_node(
-        self, *, cluster_id: str, cluster_name: str, role: str, volume_id: str | None
+        self,
+        *,
+        cluster_id: str,
+        cluster_name: str,
+        role: str,
+        volume_id: str | None,
+        host_ids: IdBlock | None = None,
     ) -> NodeShell:
         state = await self._loaded()
         async with self._cluster_lock(cluster_id):
@@ -688,6 +697,7 @@ class NetnsNodeProvider(NodeProvider):
                 address="",
                 ns_dir=str(self._cfg.ns_dir),
                 nodes_dir=str(self._cfg.nodes_dir),
+                host_ids_first=self._service_ids(state, cluster_id, host_ids),
             )
             self._validated(state, rec)
             await self._volume_dir(volume_id)
@@ -695,6 +705,21 @@ class NetnsNodeProvider(NodeProvider):
                 await self._place(state, rec)
             await self._make(state, rec, fresh=True)
             return self._shell(rec)
+
+    def _service_ids(
+        self, state: ProviderState, cluster_id: str, host_ids: IdBlock | None
+    ) -> int | None:
+        """The first id of a new service node's user namespace: the
+        project's block as the caller knows it, or as the cluster's other
+        nodes have it. None without user namespaces."""
+        if not self._cfg.userns:
+            return None
+        if host_ids is not None:
+            return host_ids.first
+        known = {r.host_ids_first for r in state.members(cluster_id)} - {None}
+        if len(known) != 1:
+            raise ProviderError(f"cluster {cluster_id}: no id block known for its service nodes")
+        return known.pop()
 
     async def delete_service_nodes(self, *, cluster_id: str) -> None:
         state = await self._loaded()

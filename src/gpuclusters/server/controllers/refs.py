@@ -9,6 +9,7 @@ from dataclasses import replace
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core import idblocks
 from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.layers.base import (
     ClusterRef,
@@ -106,6 +107,9 @@ async def load_cluster_ref(
     nodes = tuple(node_ref(n, h) for n, h in rows)
     accounts = await cluster_users(session, cluster) if users or ssh else ()
     ref = cluster_ref(cluster, accounts, nodes)
+    project = await session.get_one(Project, cluster.project_id)
+    start = rt.settings.id_blocks_start if rt is not None else idblocks.DEFAULT_START
+    ref = replace(ref, host_ids=idblocks.block(project.id_block, start))
     if rt is None or rt.node_access is None:
         return ref
     gateway = GatewayRef(

@@ -23,8 +23,8 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core import idblocks, sshca
 from gpuclusters.core import models as api
-from gpuclusters.core import sshca
 from gpuclusters.core.enums import ClusterStatus, ClusterType, NodePhase, ProjectRole
 from gpuclusters.core.errors import InvalidStateError, NotFoundError, ServerError
 from gpuclusters.core.nodeshell import NodeShell
@@ -207,6 +207,10 @@ async def ssh_target(
             cluster_name=cluster.name,
             role=LOGIN_ROLE,
             volume_id=cluster.volume_id,
+            host_ids=idblocks.block(
+                (await session.get_one(Project, cluster.project_id)).id_block,
+                rt.settings.id_blocks_start,
+            ),
         )
     else:
         node = await _running_node(session, cluster, node_name)
