@@ -217,10 +217,10 @@ class Settings(BaseSettings):
         "hosts use (docs/security.md)",
     )
     node_userns: bool = Field(
-        default=True,
+        default=False,
         description="run each embedded-fleet node in its own user namespace, mapped onto its "
         "project's id block: root in a node, and in any of its containers, is nobody on the host "
-        "(docs/security.md)",
+        "(docs/security.md; off by default until SkyPilot's launch works in it)",
     )
     node_share: float = Field(
         default=1.0,
