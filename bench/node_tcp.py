@@ -8,6 +8,7 @@ Used to compare node isolation designs side by side (bench/node_boundary.sh).
 Needs root. Everything made is deleted at the end.
 
     .venv/bin/python bench/node_tcp.py --repeat 5 --mib 2048
+    .venv/bin/python bench/node_tcp.py --repeat 5 --mib 2048 --userns
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from gpuclusters.core import idblocks
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.providers.fleet import load_fleet
 from gpuclusters.providers.netns.config import NetnsProviderConfig
@@ -52,20 +55,22 @@ print(time.monotonic() - t)
 """
 
 
-def spec(cluster: str, name: str, host: str) -> NodeSpec:
+def spec(cluster: str, name: str, host: str, host_ids: IdBlock | None) -> NodeSpec:
     return NodeSpec(
         node_id=uuid.uuid4().hex, name=name, cluster_id=cluster, cluster_name="tcp",
-        host=host, gpu_type="H100_SXM", compute_class="standard",
+        host=host, gpu_type="H100_SXM", compute_class="standard", host_ids=host_ids,
     )  # fmt: skip
 
 
-async def main(repeat: int, mib: int) -> None:
+async def main(repeat: int, mib: int, userns: bool) -> None:
     home = Path(tempfile.mkdtemp(prefix="gpc-bench-tcp-"))
+    fleet = load_fleet(DEFAULT_NETNS_FLEET)
     p = NetnsNodeProvider(
-        NetnsProviderConfig(fleet=load_fleet(DEFAULT_NETNS_FLEET), home=home, spawn_agent=False)
+        NetnsProviderConfig(fleet=fleet, home=home, spawn_agent=False, userns=userns)
     )
     cluster = uuid.uuid4().hex
-    a, b = spec(cluster, "tcp-a", "h100-a-01"), spec(cluster, "tcp-b", "h100-a-02")
+    ids = idblocks.block(0) if userns else None
+    a, b = spec(cluster, "tcp-a", "h100-a-01", ids), spec(cluster, "tcp-b", "h100-a-02", ids)
     rates = []
     try:
         for s in (a, b):
@@ -93,5 +98,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--mib", type=int, default=2048)
+    ap.add_argument("--userns", action="store_true", help="both nodes in user namespaces")
     args = ap.parse_args()
-    asyncio.run(main(args.repeat, args.mib))
+    asyncio.run(main(args.repeat, args.mib, args.userns))

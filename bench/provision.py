@@ -38,6 +38,11 @@ namespaces is left (other servers' namespaces are never touched).
 
     .venv/bin/python bench/provision.py --quickack      # ~3 min on 2 cores
     .venv/bin/python bench/provision.py --sizes 2 --repeat 5 --trace
+    .venv/bin/python bench/provision.py --userns-compare --sizes 1 4 --repeat 3
+
+``--userns-compare`` runs none of the above: it times a node's boot
+(``provider.create``) and Slurm create -> ready with the nodes in user
+namespaces and without, interleaved, and prints them side by side.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from gpuclusters.core import idblocks
 from gpuclusters.core.enums import ClusterType
 from gpuclusters.core.nodeshell import CommandResult, NodeShell
 from gpuclusters.layers.base import ClusterRef, NodeRef, UnixUser
@@ -570,7 +576,8 @@ class CpRun:
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, *, userns: bool | None = None) -> None:
+        self.userns = userns  # None: the server's default
         self.home = fresh_home("server")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -580,6 +587,8 @@ class Server:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
         env["GPUCLUSTERS_HOME"] = str(self.home)
+        if self.userns is not None:
+            env["GPUCLUSTERS_NODE_USERNS"] = "1" if self.userns else "0"
         exe = Path(sys.executable).parent / "gpuclusters"
         with open(self.home / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
@@ -785,6 +794,103 @@ async def cp_run(c: httpx.AsyncClient, server: Server, n: int, name: str, poll_s
     )
 
 
+# --- user namespaces side by side (--userns-compare) ----------------------------------------
+
+
+async def boot_run(userns: bool, index: int) -> float:
+    """One GPU node made by the provider, from nothing to its init running
+    and its shell answering (``provider.create``), in a user namespace on
+    the project block ``index`` or without one; seconds. A first boot, as in
+    a new cluster: a user-namespace node's files are shifted into its block."""
+    home = fresh_home("boot")
+    provider = make_provider("netns", ProviderOptions(home=home, node_userns=userns))
+    assert isinstance(provider, NetnsNodeProvider)
+    host = (await provider.hosts())[0]
+    node_id = uuid.uuid4().hex
+    spec = NodeSpec(
+        node_id=node_id,
+        name=f"bt{secrets.token_hex(2)}-n0",
+        cluster_id=uuid.uuid4().hex,
+        cluster_name=f"bt{secrets.token_hex(2)}",
+        host=host.name,
+        gpu_type=host.gpu_type,
+        compute_class="standard",
+        host_ids=idblocks.block(index) if userns else None,
+    )
+    try:
+        t0 = time.perf_counter()
+        await provider.create(spec)
+        return time.perf_counter() - t0
+    finally:
+        with uninterrupted():
+            await _attempt(provider.delete(node_id), f"delete node {node_id}")
+            await provider.close()
+            if netns_left({node_id}):
+                print(f"  LEFT BEHIND by the boot run: {node_id} ({home})")
+                LEFT.append(str(home))
+            else:
+                shutil.rmtree(home, ignore_errors=True)
+
+
+async def run_userns_compare(args: argparse.Namespace) -> None:
+    """Node boot and Slurm cluster create -> ready, without and with user
+    namespaces, interleaved (the order alternates each repeat) so both see
+    the same machine; two servers, one per mode, run side by side."""
+    modes = {"off": False, "on": True}
+    boots: dict[str, list[float]] = {m: [] for m in modes}
+    cps: dict[tuple[str, int], list[CpRun]] = {(m, n): [] for m in modes for n in args.sizes}
+    servers = {m: Server(userns=u) for m, u in modes.items()}
+    clean = {m: False for m in modes}
+    t_bench = time.perf_counter()
+    try:
+        clients: dict[str, httpx.AsyncClient] = {}
+        for m, server in servers.items():
+            server.start()
+            c = httpx.AsyncClient(base_url=server.url, timeout=60)
+            clients[m] = c
+            await wait_healthy(c, server)
+            key = tomllib.loads((server.home / "config.toml").read_text())["api_key"]
+            c.headers["Authorization"] = f"Bearer {key}"
+        for i in range(args.repeat):
+            order = list(modes) if i % 2 == 0 else list(reversed(modes))
+            for m in order:
+                boots[m].append(await boot_run(modes[m], i))
+                print(f"  node boot, userns {m}: {boots[m][-1]:.2f} s")
+            for n in args.sizes:
+                for m in order:
+                    name = f"bu{m}{n}n{i}{secrets.token_hex(2)}"
+                    r = await cp_run(clients[m], servers[m], n, name, args.poll_ms / 1000)
+                    cps[(m, n)].append(r)
+                    print(f"  userns {m}:", end="")
+                    print_cp(r)
+        for c in clients.values():
+            await c.aclose()
+    finally:
+        with uninterrupted():
+            for m, server in servers.items():
+                server.stop()
+                clean[m] = await server.cleanup()
+                if clean[m] and not args.keep_home:
+                    shutil.rmtree(server.home, ignore_errors=True)
+    print()
+    print("min / median over the repeats; ratio = median on / median off")
+    print("| what | userns off | userns on | ratio |")
+    print("|---|---|---|---|")
+    print(
+        f"| node boot (provider.create) | {fmt(boots['off'])} | {fmt(boots['on'])} "
+        f"| {med(boots['on']) / med(boots['off']):.2f} |"
+    )
+    for n in args.sizes:
+        off = [r.ready for r in cps[("off", n)]]
+        on = [r.ready for r in cps[("on", n)]]
+        print(
+            f"| Slurm cluster, {n} node(s), create->ready | {fmt(off)} | {fmt(on)} "
+            f"| {med(on) / med(off):.2f} |"
+        )
+    left = "none" if all(clean.values()) and not LEFT else f"SOME (kept: {LEFT})"
+    print(f"\nbench took {time.perf_counter() - t_bench:.0f} s; namespaces of ours left: {left}")
+
+
 # --- report ---------------------------------------------------------------------------------
 
 
@@ -927,7 +1033,14 @@ def main() -> None:
     )
     ap.add_argument("--trace", action="store_true", help="print every node call of the floor")
     ap.add_argument("--keep-home", action="store_true", help="keep the server's home")
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument(
+        "--userns-compare",
+        action="store_true",
+        help="instead: node boot and create->ready without and with user namespaces, "
+        "side by side (no floors)",
+    )
+    args = ap.parse_args()
+    asyncio.run(run_userns_compare(args) if args.userns_compare else run(args))
 
 
 if __name__ == "__main__":

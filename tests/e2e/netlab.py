@@ -139,6 +139,10 @@ class Laptop(VethNamespace):
         self.user = f"gpclap{secrets.token_hex(3)}"
         self.root = Path(tempfile.mkdtemp(prefix="gpct-laptop-"))
         self.home = self.root / "home"
+        # The user's own temporary directory: tools that keep fixed names under
+        # the machine's /tmp (SkyPilot's /tmp/<wheel hash>/) would otherwise meet
+        # files of an earlier laptop user, or leave theirs to the next.
+        self.tmp = self.root / "tmp"
         self.venv = self.home / "venv"
         self.project_root = project_root
         self._user_made = False
@@ -150,6 +154,8 @@ class Laptop(VethNamespace):
         sh("useradd", "--home-dir", str(self.home), "--create-home", "--shell", "/bin/bash",
            self.user)  # fmt: skip
         self._user_made = True
+        self.tmp.mkdir(mode=0o700)
+        shutil.chown(self.tmp, self.user, self.user)
         # The user's own virtual environment with the CLI in it.
         # Debian's own Python 3.11 (the project's interpreter may live where
         # this user cannot read).
@@ -186,6 +192,7 @@ class Laptop(VethNamespace):
             "LANG": "C.UTF-8",
             "COLUMNS": "200",
             "NO_COLOR": "1",
+            "TMPDIR": str(self.tmp),
         }
         base.update(env or {})
         cmd = ["ip", "netns", "exec", self.netns, "setpriv", f"--reuid={self.user}",

@@ -110,7 +110,8 @@ def world(module_servers: Servers) -> Iterator[World]:
         laptop.up()
         server = module_servers(provider="netns", start=False, public_host=laptop.gateway)
         server.env["GPUCLUSTERS_TLS"] = "on"
-        # Nodes in user namespaces (docs/security.md; not yet the default).
+        # Nodes in user namespaces (the default; said here because this
+        # suite is about them, whatever the machine's environment holds).
         server.env["GPUCLUSTERS_NODE_USERNS"] = "1"
         server.env["GPUCLUSTERS_TLS_PORT"] = str(free_port())
         server.start()

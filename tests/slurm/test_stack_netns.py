@@ -55,9 +55,15 @@ PROTO_PATHS = SlurmPaths(mysql_datadir="/var/lib/mysql")
 
 @pytest.fixture
 def proto_nodes() -> Iterator[None]:
-    """Bare nodes from the prototype script; everything is removed afterwards."""
-    subprocess.run([str(PROTO), "nodes"], check=True, capture_output=True)
+    """Bare nodes from the prototype script; everything is removed afterwards.
+
+    `down` runs first as well: a run killed mid-test (no fixture teardown) leaves
+    the script's /tmp/gpct-* directories, whose /etc upper layers already hold the
+    job user, and the next `nodes` would stop on useradd.
+    """
+    subprocess.run([str(PROTO), "down"], check=False, capture_output=True)
     try:
+        subprocess.run([str(PROTO), "nodes"], check=True, capture_output=True)
         yield
     finally:
         subprocess.run([str(PROTO), "down"], check=False, capture_output=True)

@@ -56,9 +56,14 @@ def test_the_setting_reaches_the_embedded_fleet(
     from gpuclusters.providers.registry import ProviderOptions, _netns_config
     from gpuclusters.server.settings import Settings
 
-    monkeypatch.setenv("GPUCLUSTERS_NODE_USERNS", "1")
+    monkeypatch.delenv("GPUCLUSTERS_NODE_USERNS", raising=False)
     settings = Settings(home=tmp_path)
-    assert settings.node_userns is True
+    assert settings.node_userns is True  # the default: every node in its own
     opts = ProviderOptions(home=tmp_path, node_userns=settings.node_userns)
     assert _netns_config(opts, [], None).userns is True
-    assert _netns_config(ProviderOptions(home=tmp_path), [], None).userns is False
+    # An operator's way out (a kernel or file system without idmapped mounts).
+    monkeypatch.setenv("GPUCLUSTERS_NODE_USERNS", "0")
+    off = Settings(home=tmp_path)
+    assert off.node_userns is False
+    opts = ProviderOptions(home=tmp_path, node_userns=off.node_userns)
+    assert _netns_config(opts, [], None).userns is False

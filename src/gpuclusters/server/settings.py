@@ -217,10 +217,11 @@ class Settings(BaseSettings):
         "hosts use (docs/security.md)",
     )
     node_userns: bool = Field(
-        default=False,
-        description="run each embedded-fleet node in its own user namespace, mapped onto its "
-        "project's id block: root in a node, and in any of its containers, is nobody on the host "
-        "(docs/security.md; off by default until SkyPilot's launch works in it)",
+        default=True,
+        description="run each node in its own user namespace, mapped onto its project's id "
+        "block: root in a node, and in any of its containers, is nobody on the host "
+        "(docs/security.md); 0 only for kernels or file systems without idmapped mounts, and "
+        "then a node is no security boundary",
     )
     node_share: float = Field(
         default=1.0,
