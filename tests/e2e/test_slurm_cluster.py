@@ -207,7 +207,11 @@ def test_slurm_cluster_end_to_end(server_factory: Servers) -> None:
     assert [(v["name"], v["status"]) for v in volumes] == [("demo-shared", "available")]
     data = next((server.home / "volumes").glob("*/data"))
     assert (data / "out.txt").read_text().split() == out
-    assert (data / "out.txt").stat().st_uid == 10000
+    # Written by uid 10000 in a node whose user namespace maps the project's
+    # block: on the host, the block's first id + 10000 (docs/security.md).
+    projects = json.loads(ok(server, "projects", "list", "--output", "json"))
+    first = next(p["host_ids"]["first"] for p in projects if p["name"] == "default")
+    assert (data / "out.txt").stat().st_uid == first + 10000
     leftovers = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(server.home) not in leftovers.replace(f"--port {server.port}", "")
 

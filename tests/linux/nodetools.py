@@ -43,7 +43,9 @@ class Fleet:
     def volumes(self) -> VolumeStore:
         return VolumeStore(self.home / "volumes")
 
-    def provider(self, *, node_share: float = 1.0, userns: bool = False) -> NetnsNodeProvider:
+    def provider(
+        self, *, node_share: float = 1.0, userns: bool = False, image: Path | None = None
+    ) -> NetnsNodeProvider:
         return NetnsNodeProvider(
             NetnsProviderConfig(
                 fleet=load_fleet(DEFAULT_NETNS_FLEET),
@@ -51,6 +53,7 @@ class Fleet:
                 spawn_agent=self.spawn_agent,
                 node_share=node_share,
                 userns=userns,
+                image=image,
             )
         )
 

@@ -173,6 +173,20 @@ async def test_a_reboot_keeps_the_user_namespace_and_a_delete_removes_it(
     assert str(lay.user_file) not in host_run(["cat", "/proc/self/mountinfo"]).stdout
 
 
+async def test_a_reprovisioned_node_owns_its_new_disks(unode: UserNode) -> None:
+    """A reprovision (repair) wipes the node's disks and boots it on fresh
+    ones: those must be shifted into the block again, or root in the node
+    would find its own /tmp, /scratch and /root owned by nobody."""
+    sh = unode.shell
+    await sh.run(["sh", "-c", "echo old > /scratch/old"])
+    await unode.provider.reprovision(unode.node_id)
+    shell = await unode.provider.shell(unode.node_id)
+    assert (await shell.run(["test", "-e", "/scratch/old"], check=False)).returncode != 0
+    owners = await shell.run(["stat", "-c", "%u", "/tmp", "/scratch", "/root", "/var/lib"])
+    assert owners.stdout.split() == ["0", "0", "0", "0"]
+    await shell.run(["sh", "-c", "echo new > /tmp/t && echo new > /scratch/s && touch /root/r"])
+
+
 async def test_a_volume_is_adopted_into_the_block_with_its_data(fleet: Fleet) -> None:
     """Files a volume held before its nodes had user namespaces keep their
     contents and their owners (shifted into the project's block)."""

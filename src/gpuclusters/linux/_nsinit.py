@@ -56,6 +56,24 @@ Every process of a node, daemon or command, is then in that namespace:
 ``ps -e`` in a node shows the node's processes only, and powering the node
 off is one SIGKILL to its init.
 
+**In a user namespace** (the default; ``spec["userns"]`` names the node's
+pinned user namespace, made by :mod:`gpuclusters.linux.userns`, which also
+owns the node's netns) the script is started directly by the caller, not
+through unshare(1), and :func:`boot_in_userns` does the namespaces itself:
+a child in the user namespace makes the mount, UTS, IPC and cgroup
+namespaces (so the node's root owns them, and the cgroup namespace is
+rooted at the node's delegated cgroup); this process, still host root,
+joins them and builds the root as above, except that every host directory
+the node shares (the top-level binds, the /etc and /var lower layers, the
+shares) is an *idmapped* mount (open_tree + mount_setattr) onto the node's
+id block, so host files keep their owners as the node sees them and stay
+unwritable to it; the cgroup hierarchies are mounted from inside the cgroup
+namespace. Last it enters the user namespace and forks the init into a PID
+namespace that the user namespace owns. The init mounts /proc before the
+pivot (the kernel lets a user namespace mount a proc only where one is
+already fully visible) and stays dumpable, so a ``hostPID`` pod's
+``nsenter -t 1`` can enter it.
+
 Run with ``-I -S``; its start-up time is most of a node's creation time, so
 it imports only builtins, ctypes and its sibling :mod:`._nodeops` (through
 the package, whose ``__init__`` modules must therefore stay import-free).
@@ -202,11 +220,12 @@ def attach(fd: int, target: str) -> None:
     os.close(fd)
 
 
-def shared_top_dirs() -> list[str]:
-    """The host's top-level directories every node sees read-only."""
+def shared_top_dirs(base: str = "/") -> list[str]:
+    """The top-level directories of ``base`` (the node image, or the host's
+    own root) every node sees read-only."""
     return [
         e.path
-        for e in os.scandir("/")
+        for e in os.scandir(base)
         if e.name not in PRIVATE_TOP
         and e.name not in SKIP_TOP
         and not e.is_symlink()
@@ -214,8 +233,11 @@ def shared_top_dirs() -> list[str]:
     ]
 
 
-def populate_root(root: str, idmapped: dict[str, int] | None = None) -> None:
-    for entry in os.scandir("/"):
+def populate_root(root: str, idmapped: dict[str, int] | None = None, base: str = "/") -> None:
+    """The node's top level: ``base``'s directories bound read-only (or
+    attached through their idmapped copies), its symlinks copied (Debian's
+    /bin -> usr/bin), and empty directories of the node's own for the rest."""
+    for entry in os.scandir(base):
         name, target = entry.name, os.path.join(root, entry.name)
         if name in PRIVATE_TOP or name in SKIP_TOP:
             continue
@@ -406,7 +428,7 @@ def boot(
         return os.path.join(root, path.lstrip("/"))
 
     bind(root, root)
-    populate_root(root, idmapped)
+    populate_root(root, idmapped, spec.get("image") or "/")
     for ov in spec["overlays"]:
         lower, staged = ov["lower"], None
         if idmapped is not None and lower in idmapped:
@@ -519,7 +541,11 @@ def boot_in_userns(spec: dict[str, Any]) -> int:
     result; the caller pins the namespaces from the init's /proc."""
     userns_fd = os.open(spec["userns"], os.O_RDONLY)
     idmapped: dict[str, int] = {}
-    wanted = shared_top_dirs() + [ov["lower"] for ov in spec["overlays"]] + list(spec["shares"])
+    wanted = (
+        shared_top_dirs(spec.get("image") or "/")
+        + [ov["lower"] for ov in spec["overlays"]]
+        + list(spec["shares"])
+    )
     for path in wanted:
         if path not in idmapped and os.path.isdir(path):
             idmapped[path] = idmapped_tree(path, userns_fd)

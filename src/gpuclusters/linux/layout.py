@@ -195,6 +195,19 @@ class NodeLayout:
         return self.dir / "state"
 
     @property
+    def disks(self) -> tuple[Path, ...]:
+        """The node's own directories on the host: its root, its /etc and
+        /var layers, /tmp, /scratch and state. A reprovision removes them; a
+        node in a user namespace owns them (shifted into its id block)."""
+        upper, work = self.dir / "upper", self.dir / "work"
+        return (self.root, upper, work, self.tmp, self.scratch, self.state)
+
+    @property
+    def ids_file(self) -> Path:
+        """The first host id the node's disks were shifted to (linux/machine.py)."""
+        return self.dir / "ids"
+
+    @property
     def cgroup_name(self) -> str:
         """The node's cgroup (below each v1 controller's root): the cgroup
         root its kubelet puts pods under, so several kubelets share one kernel

@@ -91,6 +91,8 @@ class NodeBoot:
     # The project's host id block, for a node in a user namespace
     # (``layout.userns``; linux/userns.py).
     host_ids: IdBlock | None = None
+    # The node image's root (scripts/build-node-image); None: the host's.
+    image: Path | None = None
 
 
 def missing_parts(node: NodeLayout, *, bridge: str) -> list[str]:
@@ -146,8 +148,9 @@ def _prepare_dirs(b: NodeBoot) -> None:
         (node.state / name).mkdir(parents=True, mode=0o700, exist_ok=True)
     nodecgroup.make(node.cgroup_name, b.limits)
     etc = node.upper("etc")
-    # The node's own accounts, and no host secret readable (nodebase.py).
-    nodebase.prepare_etc(etc)
+    # The node's own accounts, and no host secret readable (nodebase.py):
+    # taken from the image's /etc when it boots from one.
+    nodebase.prepare_etc(etc, host_etc=b.image / "etc" if b.image else nodebase.HOST_ETC)
     nodebase.ensure_var_skeleton(node.var_base)
     (node.upper("var") / "log" / "gpuclusters").mkdir(parents=True, exist_ok=True)
     b.run_dir.mkdir(parents=True, exist_ok=True)
@@ -179,18 +182,11 @@ def _own(b: NodeBoot) -> None:
     if ids is None:
         raise MachineError(f"node {node.node_id} runs in a user namespace but has no id block")
     nodecgroup.delegate(node.cgroup_name, ids.first, ids.first)
-    marker = node.dir / "ids"
+    marker = node.ids_file
     if marker.exists() and marker.read_text().strip() == str(ids.first):
         userns.shift_tree(node.upper("etc"), ids)
         return
-    for path in (
-        node.root,
-        node.dir / "upper",
-        node.dir / "work",
-        node.tmp,
-        node.scratch,
-        node.state,
-    ):
+    for path in node.disks:
         userns.shift_tree(path, ids)
     marker.write_text(f"{ids.first}\n")
 
@@ -201,13 +197,15 @@ def _nsinit_spec(b: NodeBoot) -> dict[str, Any]:
         "hostname": b.hostname,
         "netns": str(node.netns_path),
         "root": str(node.root),
+        "image": str(b.image) if b.image else None,
         "overlays": [
             {
                 "target": f"/{n}",
-                # /etc over the host's (packages' configuration, with the
-                # node's own accounts and secrets hidden in the upper layer),
-                # /var over a skeleton: nothing of the host's data.
-                "lower": str(node.var_base) if n == "var" else f"/{n}",
+                # /etc over the image's or the host's (packages'
+                # configuration, with the node's own accounts and secrets
+                # hidden in the upper layer), /var over a skeleton: nothing
+                # of the host's data.
+                "lower": str(node.var_base) if n == "var" else f"{b.image or ''}/{n}",
                 "upper": str(node.upper(n)),
                 "work": str(node.work(n)),
             }
@@ -398,14 +396,9 @@ async def power_off(node: NodeLayout) -> int:
 
 def _wipe(node: NodeLayout) -> None:
     _refuse_if_mounted(node.dir)
-    for path in (
-        node.root,
-        node.dir / "upper",
-        node.dir / "work",
-        node.tmp,
-        node.scratch,
-        node.state,
-    ):
+    # The marker first: new disks must be shifted again at the next boot.
+    node.ids_file.unlink(missing_ok=True)
+    for path in node.disks:
         shutil.rmtree(path, ignore_errors=True)
         if path.exists():
             raise MachineError(f"cannot remove {path}")

@@ -1,8 +1,10 @@
 """What a node's /etc and /var start from, so that nothing of the host's
 accounts, secrets or data shows through them.
 
-A node's /etc is an overlay over the host's /etc (the packages' own
-configuration: PAM, alternatives, the linker cache, CA certificates), and
+A node's /etc is an overlay over the node image's /etc (linux/nodeimage.py),
+or the host's where no image was built (the packages' own configuration:
+PAM, alternatives, the linker cache, CA certificates; "the host's" below
+means whichever it is), and
 its /var an overlay over a per-provider skeleton, never over the host's
 /var. Before a node's overlays are mounted, its /etc upper layer gets:
 
@@ -19,8 +21,8 @@ its /var an overlay over a per-provider skeleton, never over the host's
   keys, the backup account files, munge and Kerberos keys...), and opaque
   directories where the node keeps its own (``/etc/gpuclusters``).
 
-This is a deny list over the host's /etc: a stopgap until nodes boot from a
-root file system of their own (docs/security.md). The /var skeleton holds
+Over the host's /etc this is a deny list; over the image's, which holds no
+secret, a second guard (docs/security.md). The /var skeleton holds
 only Debian's top-level /var directories and the ``/var/run`` and
 ``/var/lock`` links; daemons make their own directories below it, as on a
 fresh machine.

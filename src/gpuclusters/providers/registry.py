@@ -49,6 +49,7 @@ class ProviderOptions:
     cluster_mtu: int | None = None
     node_share: float = 1.0
     node_userns: bool = False
+    node_image: Path | None = None
     volumes_dir: Path | None = None
 
 
@@ -86,6 +87,7 @@ def _netns_config(
         volumes_dir=opts.volumes_dir,
         node_share=opts.node_share,
         userns=opts.node_userns,
+        image=opts.node_image,
     )
 
 

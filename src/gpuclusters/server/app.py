@@ -150,6 +150,7 @@ async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
             cluster_mtu=settings.cluster_mtu,
             node_share=settings.node_share,
             node_userns=settings.node_userns,
+            node_image=settings.node_image,
             volumes_dir=settings.volumes_dir,
         ),
     )

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuclusters.core import idblocks
+from gpuclusters.linux import nodeimage
 
 
 class Settings(BaseSettings):
@@ -223,6 +224,13 @@ class Settings(BaseSettings):
         "(docs/security.md); 0 only for kernels or file systems without idmapped mounts, and "
         "then a node is no security boundary",
     )
+    node_image: Path | None = Field(
+        default_factory=nodeimage.newest_built,
+        description="the root file system embedded-fleet nodes boot from (the directory "
+        "scripts/build-node-image prints; default: the newest it built): its /usr, /opt... "
+        "instead of the host's, its /etc under theirs; none built and none set: the host's own "
+        "directories, read-only (docs/security.md)",
+    )
     node_share: float = Field(
         default=1.0,
         gt=0,
@@ -306,6 +314,13 @@ class Settings(BaseSettings):
             idblocks.check_start(v)
         except idblocks.IdBlockError as exc:
             raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("node_image")
+    @classmethod
+    def _node_image(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            nodeimage.check(v)  # a NodeImageError is a ValueError: pydantic names the field
         return v
 
     @field_validator("public_host")

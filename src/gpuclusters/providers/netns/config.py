@@ -73,6 +73,10 @@ class NetnsProviderConfig:
     node_share: float = 1.0
     # GPU nodes in their own user namespaces (linux/userns.py).
     userns: bool = False
+    # The root file system nodes boot from (scripts/build-node-image): its
+    # top-level directories instead of the host's, its /etc under theirs.
+    # None: the host's own directories, read-only.
+    image: Path | None = None
 
     def __post_init__(self) -> None:
         # overlayfs options are comma separated and lowerdir lists are colon

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -43,7 +44,15 @@ from pathlib import Path
 
 from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import GatewayTarget, NodeAccess, NodeCommandError, NodeShell
-from gpuclusters.linux import firewall, layout, machine, network, nodecgroup, userns
+from gpuclusters.linux import (
+    firewall,
+    layout,
+    machine,
+    network,
+    nodecgroup,
+    nodeimage,
+    userns,
+)
 from gpuclusters.linux.layout import LayoutError, NodeLayout
 from gpuclusters.linux.machine import Daemon, MachineError, NodeBoot
 from gpuclusters.linux.procs import ProcessesSurviveError
@@ -104,6 +113,11 @@ class NetnsNodeProvider(NodeProvider):
     name = "netns"
 
     def __init__(self, config: NetnsProviderConfig) -> None:
+        if config.image is not None:
+            nodeimage.check(config.image)
+            config = dataclasses.replace(
+                config, shares=tuple(p for p in config.shares if not nodeimage.hidden_by_image(p))
+            )
         self._cfg = config
         if config.userns:
             # Refuse id blocks that meet this host's own ids (accounts,
@@ -426,6 +440,7 @@ class NetnsNodeProvider(NodeProvider):
             devices=self._cfg.devices if rec.kind == "gpu" else None,
             limits=nodecgroup.this_host_share(self._cfg.node_share),
             host_ids=None if rec.host_ids_first is None else IdBlock(rec.host_ids_first),
+            image=self._cfg.image,
         )
 
     async def _volume_dir(self, volume_id: str | None) -> Path | None:

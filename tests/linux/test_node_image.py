@@ -1,0 +1,145 @@
+"""Nodes that boot from the node image (``scripts/build-node-image``,
+``GPUCLUSTERS_NODE_IMAGE``): a node's /usr, /opt... are the image's, its
+/etc is over the image's, and a file the host has in its own directories is
+not in the node, while a node booted without the image does see it (so the
+test fails where the image is not used).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nodetools import Fleet
+
+from gpuclusters.core import idblocks
+from gpuclusters.core.nodeshell import NodeShell
+from gpuclusters.linux import nodeimage
+from gpuclusters.server.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-node-image"
+
+
+@pytest.fixture(scope="module")
+def image() -> Path:
+    """The cached node image, built by the script if this machine lacks it."""
+    proc = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"scripts/build-node-image failed:\n{proc.stderr}"
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def host_marker() -> Iterator[tuple[Path, str]]:
+    """A file only the host has, in a directory nodes used to share (/opt)."""
+    name = f"gpct-host-only-{secrets.token_hex(4)}"
+    path = Path("/opt") / name
+    path.write_text("host\n")
+    try:
+        yield path, "host"
+    finally:
+        path.unlink(missing_ok=True)
+
+
+async def _sees(shell: NodeShell, path: Path) -> bool:
+    return (await shell.run(["test", "-e", str(path)], check=False)).returncode == 0
+
+
+async def test_a_node_sees_its_image_not_the_host(
+    fleet: Fleet, image: Path, host_marker: tuple[Path, str]
+) -> None:
+    marker, _ = host_marker
+    cluster = fleet.cluster()
+    plain = fleet.provider()
+    spec = fleet.spec(cluster, "img-plain", "h100-a-01")
+    await plain.create(spec)
+    # Without the image the host's /opt is the node's: the check below can fail.
+    assert await _sees(await plain.shell(spec.node_id), marker)
+
+    p = fleet.provider(image=image, userns=True)
+    ids = idblocks.block(7)
+    spec = fleet.spec(cluster, "img-node", "h100-a-02", host_ids=ids)
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    assert not await _sees(sh, marker)
+    # The image's own marker file, in the node's /etc (over the image's).
+    listed = await sh.run(["cat", "/etc/gpuclusters-node-packages"])
+    assert "slurmd" in listed.stdout.split()
+    # Its /usr is the image's: the same inode as the image's, not the host's.
+    node_usr = (await sh.run(["stat", "-L", "-c", "%i", "/usr/bin/python3"])).stdout.strip()
+    assert node_usr == str(os.stat(image / "usr/bin/python3").st_ino)
+    # The image's accounts (munge's uid as the image's build gave it).
+    image_munge = next(
+        line.split(":")[2]
+        for line in (image / "etc/passwd").read_text().splitlines()
+        if line.startswith("munge:")
+    )
+    assert (await sh.run(["id", "-u", "munge"])).stdout.strip() == image_munge
+    # What nodes run works from the image (and the node's root is nobody).
+    for argv in (["python3", "-c", "print(6 * 7)"], ["slurmd", "-V"], ["munged", "-V"],
+                 ["containerd", "--version"], ["runc", "--version"]):  # fmt: skip
+        r = await sh.run(argv, check=False)
+        assert r.returncode == 0, f"{argv}: {r.stderr}"
+    assert (await sh.run(["cat", "/proc/self/uid_map"])).stdout.split()[:2] == ["0", str(ids.first)]
+    # Nothing of the image is writable from the node, root included.
+    r = await sh.run(["touch", "/usr/bin/gpct-write"], check=False)
+    assert r.returncode != 0 and "Read-only file system" in r.stderr
+    # The secrets the packages generate are not in the image.
+    for secret in ("etc/munge/munge.key", "etc/mysql/debian.cnf"):
+        assert not (image / secret).exists()
+
+
+async def test_a_munge_and_slurm_daemon_run_from_the_image(fleet: Fleet, image: Path) -> None:
+    """munged with the node's own key, as the image's munge account; a
+    credential made and decoded: the daemons the Slurm layer starts work
+    with the image's files and accounts."""
+    p = fleet.provider(image=image, userns=True)
+    spec = fleet.spec(fleet.cluster(), "img-munge", "h100-a-01", host_ids=idblocks.block(8))
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    script = (
+        "set -e; install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge; "
+        "install -d -o munge -g munge -m 0755 /run/munge; "
+        "head -c 128 /dev/urandom > /etc/munge/munge.key; "
+        "chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key; "
+        "setpriv --reuid=munge --regid=munge --init-groups munged; "
+        "munge -n | unmunge | grep -q 'STATUS: *Success'"
+    )
+    r = await sh.run(["sh", "-c", script], check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_directory_that_is_not_an_image_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(nodeimage.NodeImageError, match="usr/bin/python3"):
+        nodeimage.check(tmp_path)
+    env = {"GPUCLUSTERS_HOME": str(tmp_path / "home"), "GPUCLUSTERS_NODE_IMAGE": str(tmp_path)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        with pytest.raises(ValueError, match="node_image"):
+            Settings()
+
+
+def test_host_paths_are_never_shared_over_the_image() -> None:
+    assert nodeimage.hidden_by_image(Path("/usr"))
+    assert nodeimage.hidden_by_image(Path("/usr/lib/python3.11"))
+    assert not nodeimage.hidden_by_image(Path("/root/.pyenv/versions/3.11.7"))
+    assert not nodeimage.hidden_by_image(Path("/usrx"))
+
+
+def test_the_newest_complete_image_is_the_default(tmp_path: Path) -> None:
+    assert nodeimage.newest_built(tmp_path) is None
+    for key, stamp_time in (("old", 1000), ("new", 2000), ("half", None)):
+        (tmp_path / key / "rootfs").mkdir(parents=True)
+        if stamp_time is not None:
+            stamp = tmp_path / key / ".complete"
+            stamp.touch()
+            os.utime(stamp, (stamp_time, stamp_time))
+    assert nodeimage.newest_built(tmp_path) == tmp_path / "new" / "rootfs"
+    # A build still in progress (no stamp) is never taken.
+    os.utime(tmp_path / "new" / ".complete", (500, 500))
+    assert nodeimage.newest_built(tmp_path) == tmp_path / "old" / "rootfs"
