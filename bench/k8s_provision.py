@@ -23,7 +23,7 @@ Kubernetes binaries (scripts/setup). Everything made is deleted at the end.
 
     .venv/bin/python bench/k8s_provision.py               # ~2 min on 2 cores
     .venv/bin/python bench/k8s_provision.py --sizes 2 --repeat 5
-    .venv/bin/python bench/k8s_provision.py --userns-compare --sizes 1 2 --repeat 3
+    .venv/bin/python bench/k8s_provision.py --isolation-compare --sizes 1 2 --repeat 3
 """
 
 from __future__ import annotations
@@ -57,12 +57,14 @@ def fmt(xs: list[float]) -> str:
 # --- through the control plane --------------------------------------------------------------
 
 
-def control_plane_run(nodes: int, poll_s: float, userns: bool | None = None) -> float:
+def control_plane_run(nodes: int, poll_s: float, isolated: bool | None = None) -> float:
     # Acceptance tests off, so the figure compares with the floor (which
     # runs none); docs/benchmarks.md records it so.
     settings = {"GPUCLUSTERS_ACCEPTANCE_CHECKS": "[]"}
-    if userns is not None:  # None: the server's default
-        settings["GPUCLUSTERS_NODE_USERNS"] = "1" if userns else "0"
+    if isolated is not None:  # None: the server's defaults
+        settings["GPUCLUSTERS_NODE_USERNS"] = "1" if isolated else "0"
+        if not isolated:
+            settings["GPUCLUSTERS_NODE_IMAGE"] = "none"
     server = BenchServer("gpc-k8s-bench-", settings=settings)
     try:
         t0 = time.monotonic()
@@ -138,16 +140,19 @@ async def floor_run(nodes: int) -> dict[str, float]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def userns_compare(sizes: list[int], repeat: int, poll_s: float) -> None:
-    """Create -> ready with the nodes in user namespaces and without, the
-    order alternating each repeat so neither always follows the other."""
-    print("| nodes | userns off s (min / med) | userns on s (min / med) | ratio (med on / off) |")
+def isolation_compare(sizes: list[int], repeat: int, poll_s: float) -> None:
+    """Create -> ready with the nodes as before issue 24 (the host's
+    directories, no user namespace) and isolated (node image, user
+    namespace), the order alternating each repeat."""
+    print(
+        "| nodes | before s (min / med) | isolated s (min / med) | ratio (med isolated / before) |"
+    )
     print("|---|---|---|---|")
     for size in sizes:
         runs: dict[bool, list[float]] = {False: [], True: []}
         for i in range(repeat):
-            for userns in (False, True) if i % 2 == 0 else (True, False):
-                runs[userns].append(control_plane_run(size, poll_s, userns=userns))
+            for isolated in (False, True) if i % 2 == 0 else (True, False):
+                runs[isolated].append(control_plane_run(size, poll_s, isolated=isolated))
         ratio = statistics.median(runs[True]) / statistics.median(runs[False])
         print(f"| {size} | {fmt(runs[False])} | {fmt(runs[True])} | {ratio:.2f} |")
 
@@ -158,16 +163,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--poll-ms", type=float, default=100.0)
     parser.add_argument(
-        "--userns-compare",
+        "--isolation-compare",
         action="store_true",
-        help="instead: create -> ready through the server without and with user namespaces, "
-        "interleaved (no floor)",
+        help="instead: create -> ready through the server with nodes as before issue 24 and "
+        "isolated (node image, user namespace), interleaved (no floor)",
     )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    if args.userns_compare:
-        userns_compare(args.sizes, args.repeat, args.poll_ms / 1000)
+    if args.isolation_compare:
+        isolation_compare(args.sizes, args.repeat, args.poll_ms / 1000)
         return
     print(f"{'nodes':>5}  {'floor s (min / med)':>20}  {'control plane s (min / med)':>28}")
     breakdowns: dict[int, list[dict[str, float]]] = {}

@@ -3,12 +3,12 @@
 Two GPU nodes of one cluster (the netns provider in this process, as the
 tests make them); a receiver in one node, a sender in the other pushing
 ``--mib`` MiB through one TCP connection over the cluster bridge, with the
-host's python3 (nodes see /usr). Prints MiB/s per repeat and the median.
+nodes' python3. Prints MiB/s per repeat and the median.
 Used to compare node isolation designs side by side (bench/node_boundary.sh).
 Needs root. Everything made is deleted at the end.
 
     .venv/bin/python bench/node_tcp.py --repeat 5 --mib 2048
-    .venv/bin/python bench/node_tcp.py --repeat 5 --mib 2048 --userns
+    .venv/bin/python bench/node_tcp.py --repeat 5 --mib 2048 --isolated
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from gpuclusters.core import idblocks
 from gpuclusters.core.idblocks import IdBlock
+from gpuclusters.linux import nodeimage
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.providers.fleet import load_fleet
 from gpuclusters.providers.netns.config import NetnsProviderConfig
@@ -62,14 +63,17 @@ def spec(cluster: str, name: str, host: str, host_ids: IdBlock | None) -> NodeSp
     )  # fmt: skip
 
 
-async def main(repeat: int, mib: int, userns: bool) -> None:
+async def main(repeat: int, mib: int, isolated: bool) -> None:
     home = Path(tempfile.mkdtemp(prefix="gpc-bench-tcp-"))
     fleet = load_fleet(DEFAULT_NETNS_FLEET)
+    image = nodeimage.newest_built() if isolated else None
+    if isolated and image is None:
+        raise SystemExit("no node image built: run scripts/build-node-image")
     p = NetnsNodeProvider(
-        NetnsProviderConfig(fleet=fleet, home=home, spawn_agent=False, userns=userns)
+        NetnsProviderConfig(fleet=fleet, home=home, spawn_agent=False, userns=isolated, image=image)
     )
     cluster = uuid.uuid4().hex
-    ids = idblocks.block(0) if userns else None
+    ids = idblocks.block(0) if isolated else None
     a, b = spec(cluster, "tcp-a", "h100-a-01", ids), spec(cluster, "tcp-b", "h100-a-02", ids)
     rates = []
     try:
@@ -98,6 +102,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--mib", type=int, default=2048)
-    ap.add_argument("--userns", action="store_true", help="both nodes in user namespaces")
+    ap.add_argument(
+        "--isolated", action="store_true", help="both nodes in user namespaces, from the node image"
+    )
     args = ap.parse_args()
-    asyncio.run(main(args.repeat, args.mib, args.userns))
+    asyncio.run(main(args.repeat, args.mib, args.isolated))

@@ -38,11 +38,12 @@ namespaces is left (other servers' namespaces are never touched).
 
     .venv/bin/python bench/provision.py --quickack      # ~3 min on 2 cores
     .venv/bin/python bench/provision.py --sizes 2 --repeat 5 --trace
-    .venv/bin/python bench/provision.py --userns-compare --sizes 1 4 --repeat 3
+    .venv/bin/python bench/provision.py --isolation-compare --sizes 1 2 --repeat 3
 
-``--userns-compare`` runs none of the above: it times a node's boot
-(``provider.create``) and Slurm create -> ready with the nodes in user
-namespaces and without, interleaved, and prints them side by side.
+``--isolation-compare`` runs none of the above: it times a node's boot
+(``provider.create``) and Slurm create -> ready with nodes isolated (node
+image, user namespace) and as before (the host's directories, no user
+namespace), interleaved, and prints them side by side.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from gpuclusters.core.nodeshell import CommandResult, NodeShell
 from gpuclusters.layers.base import ClusterRef, NodeRef, UnixUser
 from gpuclusters.layers.slurm import config as cfg
 from gpuclusters.layers.slurm import stack
+from gpuclusters.linux import nodeimage
 from gpuclusters.linux.layout import NETNS_DIR
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.providers.netns.provider import NetnsNodeProvider
@@ -576,8 +578,10 @@ class CpRun:
 
 
 class Server:
-    def __init__(self, *, userns: bool | None = None) -> None:
-        self.userns = userns  # None: the server's default
+    def __init__(self, *, isolated: bool | None = None) -> None:
+        # None: the server's defaults; True: nodes in user namespaces, from
+        # the node image; False: neither (the host's own directories).
+        self.isolated = isolated
         self.home = fresh_home("server")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -587,8 +591,10 @@ class Server:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLUSTERS_")}
         env["GPUCLUSTERS_HOME"] = str(self.home)
-        if self.userns is not None:
-            env["GPUCLUSTERS_NODE_USERNS"] = "1" if self.userns else "0"
+        if self.isolated is not None:
+            env["GPUCLUSTERS_NODE_USERNS"] = "1" if self.isolated else "0"
+            if not self.isolated:
+                env["GPUCLUSTERS_NODE_IMAGE"] = "none"
         exe = Path(sys.executable).parent / "gpuclusters"
         with open(self.home / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
@@ -794,16 +800,21 @@ async def cp_run(c: httpx.AsyncClient, server: Server, n: int, name: str, poll_s
     )
 
 
-# --- user namespaces side by side (--userns-compare) ----------------------------------------
+# --- node isolation side by side (--isolation-compare) --------------------------------------
 
 
-async def boot_run(userns: bool, index: int) -> float:
+async def boot_run(isolated: bool, index: int) -> float:
     """One GPU node made by the provider, from nothing to its init running
-    and its shell answering (``provider.create``), in a user namespace on
-    the project block ``index`` or without one; seconds. A first boot, as in
-    a new cluster: a user-namespace node's files are shifted into its block."""
+    and its shell answering (``provider.create``): isolated, in a user
+    namespace on the project block ``index`` and from the node image; or
+    with neither (the host's own directories); seconds. A first boot, as in
+    a new cluster: an isolated node's files are shifted into its block."""
     home = fresh_home("boot")
-    provider = make_provider("netns", ProviderOptions(home=home, node_userns=userns))
+    image = nodeimage.newest_built() if isolated else None
+    if isolated and image is None:
+        raise SystemExit("no node image built: run scripts/build-node-image")
+    opts = ProviderOptions(home=home, node_userns=isolated, node_image=image)
+    provider = make_provider("netns", opts)
     assert isinstance(provider, NetnsNodeProvider)
     host = (await provider.hosts())[0]
     node_id = uuid.uuid4().hex
@@ -815,7 +826,7 @@ async def boot_run(userns: bool, index: int) -> float:
         host=host.name,
         gpu_type=host.gpu_type,
         compute_class="standard",
-        host_ids=idblocks.block(index) if userns else None,
+        host_ids=idblocks.block(index) if isolated else None,
     )
     try:
         t0 = time.perf_counter()
@@ -832,14 +843,15 @@ async def boot_run(userns: bool, index: int) -> float:
                 shutil.rmtree(home, ignore_errors=True)
 
 
-async def run_userns_compare(args: argparse.Namespace) -> None:
-    """Node boot and Slurm cluster create -> ready, without and with user
-    namespaces, interleaved (the order alternates each repeat) so both see
-    the same machine; two servers, one per mode, run side by side."""
-    modes = {"off": False, "on": True}
+async def run_isolation_compare(args: argparse.Namespace) -> None:
+    """Node boot and Slurm cluster create -> ready, with the nodes as before
+    issue 24's isolation (the host's directories, no user namespace) and as
+    now (node image, user namespace), interleaved (the order alternates each
+    repeat) so both see the same machine; two servers, one per mode."""
+    modes = {"before": False, "isolated": True}
     boots: dict[str, list[float]] = {m: [] for m in modes}
     cps: dict[tuple[str, int], list[CpRun]] = {(m, n): [] for m in modes for n in args.sizes}
-    servers = {m: Server(userns=u) for m, u in modes.items()}
+    servers = {m: Server(isolated=u) for m, u in modes.items()}
     clean = {m: False for m in modes}
     t_bench = time.perf_counter()
     try:
@@ -855,13 +867,13 @@ async def run_userns_compare(args: argparse.Namespace) -> None:
             order = list(modes) if i % 2 == 0 else list(reversed(modes))
             for m in order:
                 boots[m].append(await boot_run(modes[m], i))
-                print(f"  node boot, userns {m}: {boots[m][-1]:.2f} s")
+                print(f"  node boot, {m}: {boots[m][-1]:.2f} s")
             for n in args.sizes:
                 for m in order:
-                    name = f"bu{m}{n}n{i}{secrets.token_hex(2)}"
+                    name = f"bi{n}n{i}{secrets.token_hex(2)}"
                     r = await cp_run(clients[m], servers[m], n, name, args.poll_ms / 1000)
                     cps[(m, n)].append(r)
-                    print(f"  userns {m}:", end="")
+                    print(f"  {m}:", end="")
                     print_cp(r)
         for c in clients.values():
             await c.aclose()
@@ -873,19 +885,17 @@ async def run_userns_compare(args: argparse.Namespace) -> None:
                 if clean[m] and not args.keep_home:
                     shutil.rmtree(server.home, ignore_errors=True)
     print()
-    print("min / median over the repeats; ratio = median on / median off")
-    print("| what | userns off | userns on | ratio |")
+    print("min / median over the repeats; ratio = median isolated / median before")
+    print("| what | before (host dirs, no userns) | isolated (image, userns) | ratio |")
     print("|---|---|---|---|")
-    print(
-        f"| node boot (provider.create) | {fmt(boots['off'])} | {fmt(boots['on'])} "
-        f"| {med(boots['on']) / med(boots['off']):.2f} |"
-    )
+    b, a = boots["before"], boots["isolated"]
+    print(f"| node boot (provider.create) | {fmt(b)} | {fmt(a)} | {med(a) / med(b):.2f} |")
     for n in args.sizes:
-        off = [r.ready for r in cps[("off", n)]]
-        on = [r.ready for r in cps[("on", n)]]
+        b = [r.ready for r in cps[("before", n)]]
+        a = [r.ready for r in cps[("isolated", n)]]
         print(
-            f"| Slurm cluster, {n} node(s), create->ready | {fmt(off)} | {fmt(on)} "
-            f"| {med(on) / med(off):.2f} |"
+            f"| Slurm cluster, {n} node(s), create->ready | {fmt(b)} | {fmt(a)} "
+            f"| {med(a) / med(b):.2f} |"
         )
     left = "none" if all(clean.values()) and not LEFT else f"SOME (kept: {LEFT})"
     print(f"\nbench took {time.perf_counter() - t_bench:.0f} s; namespaces of ours left: {left}")
@@ -1034,13 +1044,13 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="print every node call of the floor")
     ap.add_argument("--keep-home", action="store_true", help="keep the server's home")
     ap.add_argument(
-        "--userns-compare",
+        "--isolation-compare",
         action="store_true",
-        help="instead: node boot and create->ready without and with user namespaces, "
-        "side by side (no floors)",
+        help="instead: node boot and create->ready with nodes as before issue 24 (host dirs, "
+        "no user namespace) and isolated (node image, user namespace), side by side",
     )
     args = ap.parse_args()
-    asyncio.run(run_userns_compare(args) if args.userns_compare else run(args))
+    asyncio.run(run_isolation_compare(args) if args.isolation_compare else run(args))
 
 
 if __name__ == "__main__":

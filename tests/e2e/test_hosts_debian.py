@@ -99,6 +99,10 @@ def lab(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> It
             # the operator's NVMe would be (overlayfs cannot sit on the
             # host's overlay root).
             real_fs_dirs=("/var/lib/containerd", AGENT_HOME),
+            # A root of their own on this machine's disk, as a real host's
+            # is: nodes in user namespaces idmap what they share of it, which
+            # an overlayfs root refuses (docs/security.md).
+            root_mode="copy",
             routes=[f"{gateway}/32"],
             # kubelet reads the kernel log (its OOM watcher); a real host has it.
             extra_nspawn_args=["--bind-ro=/dev/kmsg"],
@@ -190,6 +194,14 @@ def test_slurm_cluster_with_a_node_on_each_host(lab: Lab) -> None:
     ssh(f"srun -N1 -w {one['name']} sh -c 'echo written-on-gpu-1 > /mnt/shared/across.txt'")
     read = ssh(f"srun -N1 -w {two['name']} cat /mnt/shared/across.txt")
     assert read.strip() == "written-on-gpu-1"
+    # The nodes ran in user namespaces on the hosts: the job's file belongs,
+    # on the operator's file system, to alice's uid in the project's block.
+    uid = int(ssh("id -u"))
+    projects = lab.json("projects", "list")
+    first = next(p["host_ids"]["first"] for p in projects if p["name"] == "default")
+    volumes = Path(lab.server.env["GPUCLUSTERS_VOLUMES_DIR"])
+    written = next(volumes.glob("*/data/across.txt"))
+    assert written.stat().st_uid == first + uid
 
 
 def test_delete_leaves_nothing_on_either_host_and_hosts_are_removed(lab: Lab) -> None:

@@ -19,6 +19,7 @@ from nodetools import Fleet
 from gpuclusters.core import idblocks
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.linux import nodeimage
+from gpuclusters.providers.base import PermanentProviderError
 from gpuclusters.server.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -143,3 +144,42 @@ def test_the_newest_complete_image_is_the_default(tmp_path: Path) -> None:
     # A build still in progress (no stamp) is never taken.
     os.utime(tmp_path / "new" / ".complete", (500, 500))
     assert nodeimage.newest_built(tmp_path) == tmp_path / "old" / "rootfs"
+
+
+@pytest.fixture
+def overlay_image(image: Path, tmp_path: Path) -> Iterator[Path]:
+    """The node image seen through an overlayfs, as on a host whose root is
+    one (a container's): a file system that refuses idmapped mounts."""
+    upper, work, merged = tmp_path / "upper", tmp_path / "work", tmp_path / "merged"
+    for d in (upper, work, merged):
+        d.mkdir()
+    opts = f"lowerdir={image},upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], check=True)
+    try:
+        yield merged
+    finally:
+        subprocess.run(["umount", "-l", str(merged)], check=True)
+
+
+async def test_user_namespace_nodes_are_refused_where_nothing_can_be_idmapped(
+    fleet: Fleet, overlay_image: Path
+) -> None:
+    p = fleet.provider(image=overlay_image, userns=True)
+    cluster = fleet.cluster()
+    spec = fleet.spec(cluster, "ov-user", "h100-a-01", host_ids=idblocks.block(9))
+    with pytest.raises(PermanentProviderError, match="cannot run nodes in user namespaces"):
+        await p.create(spec)
+    assert spec.node_id not in fleet.recorded_ids()  # nothing half made
+    # The same image and host without a user namespace: the refusal is the
+    # idmapping's, not the image's.
+    plain = fleet.spec(cluster, "ov-plain", "h100-a-02")
+    await p.create(plain)
+    r = await (await p.shell(plain.node_id)).run(["python3", "-c", "print(1)"])
+    assert r.stdout.strip() == "1"
+
+
+def test_none_boots_nodes_from_the_host(tmp_path: Path) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPUCLUSTERS_HOME", str(tmp_path / "home"))
+        mp.setenv("GPUCLUSTERS_NODE_IMAGE", "none")
+        assert Settings().node_image is None

@@ -5,6 +5,8 @@ Run by :mod:`gpuclusters.linux.userns` as ``python -I -S _userns.py``::
     user <pin file> <first host id>     a user namespace mapping ids
                                         0-65535 onto first..first+65535
     net <user pin> <pin file>           a network namespace owned by it
+    probe <first host id> <path>...     whether this host can idmap the
+                                        mounts at <path>... (nothing kept)
 
 A namespace is made by a child (unshare(2) of a user namespace needs a
 single-threaded caller, and nothing may stay in it); this process, still
@@ -109,14 +111,43 @@ def make_net(user_path: str, path: str) -> None:
         _finish(pid)
 
 
+def probe(first: int, paths: list[str]) -> None:
+    """Idmap a detached copy of each path's mount tree through a throwaway
+    user namespace, as a node's boot does (``_nsinit.idmapped_tree``); the
+    first that fails raises. Some file systems cannot be idmapped (an
+    overlayfs root, as in a container): nodes there cannot have user
+    namespaces."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from gpuclusters.linux._nsinit import idmapped_tree
+
+    pid = _in_child(lambda: _check(libc.unshare(CLONE_NEWUSER), "unshare user"))
+    try:
+        for kind in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{kind}", "w") as f:
+                f.write(f"0 {first} {SIZE}\n")
+        user_fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY)
+        try:
+            for path in paths:
+                os.close(idmapped_tree(path, user_fd))
+        finally:
+            os.close(user_fd)
+    finally:
+        _finish(pid)
+
+
 def main(argv: list[str]) -> int:
     try:
         if len(argv) == 3 and argv[0] == "user":
             make_user(argv[1], int(argv[2]))
         elif len(argv) == 3 and argv[0] == "net":
             make_net(argv[1], argv[2])
+        elif len(argv) >= 3 and argv[0] == "probe":
+            probe(int(argv[1]), argv[2:])
         else:
-            print("usage: _userns.py user PIN FIRST | net USER_PIN PIN", file=sys.stderr)
+            print(
+                "usage: _userns.py user PIN FIRST | net USER_PIN PIN | probe FIRST PATH...",
+                file=sys.stderr,
+            )
             return 2
     except (OSError, ValueError) as exc:
         print(f"userns: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,6 +58,17 @@ async def make_netns(user: Path, path: Path) -> None:
     pinned at ``path`` (``/run/netns/<name>``: ``ip netns`` finds it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     await run([sys.executable, "-I", "-S", str(HELPER), "net", str(user), str(path)])
+
+
+def idmap_refusal(paths: list[Path], first: int = DEFAULT_START) -> str | None:
+    """Why nodes on this host cannot have user namespaces (its file systems
+    refuse idmapped mounts of ``paths``: what nodes share from it), or None
+    where they can. Leaves nothing behind."""
+    argv = [sys.executable, "-I", "-S", str(HELPER), "probe", str(first), *map(str, paths)]
+    r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    if r.returncode == 0:
+        return None
+    return r.stderr.strip().removeprefix("userns: ") or f"the probe exited {r.returncode}"
 
 
 def mapped_first(path: Path) -> int | None:

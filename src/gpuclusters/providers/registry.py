@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuclusters.linux.layout import DEFAULT_NS_DIR
@@ -105,10 +105,6 @@ def _make_hosts(opts: ProviderOptions) -> NodeProvider:
     """Only hosts with host agents (GPU servers); a fleet file is optional."""
     fleet = load_fleet(opts.fleet_file) if opts.fleet_file else []
     config = _netns_config(opts, fleet, opts.cluster_mtu or DEFAULT_SEGMENT_MTU)
-    # Not yet with user namespaces: a host must be able to idmap its root
-    # filesystem for them, which the agent does not check yet, and the test
-    # hosts (systemd-nspawn on overlayfs) cannot (docs/security.md).
-    config = replace(config, userns=False)
     return HostsNodeProvider(
         config,
         directory=opts.host_directory or _NoHosts(),

@@ -228,8 +228,8 @@ class Settings(BaseSettings):
         default_factory=nodeimage.newest_built,
         description="the root file system embedded-fleet nodes boot from (the directory "
         "scripts/build-node-image prints; default: the newest it built): its /usr, /opt... "
-        "instead of the host's, its /etc under theirs; none built and none set: the host's own "
-        "directories, read-only (docs/security.md)",
+        "instead of the host's, its /etc under theirs; none built and none set, or `none`: the "
+        "host's own directories, read-only (docs/security.md)",
     )
     node_share: float = Field(
         default=1.0,
@@ -315,6 +315,13 @@ class Settings(BaseSettings):
         except idblocks.IdBlockError as exc:
             raise ValueError(str(exc)) from None
         return v
+
+    @field_validator("node_image", mode="before")
+    @classmethod
+    def _node_image_none(cls, v: object) -> object:
+        # "none": boot nodes from the host's own directories, even where an
+        # image was built (the comparison benches; docs/security.md).
+        return None if isinstance(v, str) and v.strip().lower() in ("", "none") else v
 
     @field_validator("node_image")
     @classmethod

@@ -130,6 +130,8 @@ class NetnsNodeProvider(NodeProvider):
         self._cluster_locks: dict[str, asyncio.Lock] = {}
         # Firewall rules this process has written, by cluster (skip rewrites).
         self._applied: dict[str, firewall.ClusterRules] = {}
+        # Why this host cannot idmap (""), once probed (_check_idmap).
+        self._idmap_refusal: str | None = None
 
     # -- state ---------------------------------------------------------------
 
@@ -497,6 +499,8 @@ class NetnsNodeProvider(NodeProvider):
     async def _make(self, state: ProviderState, rec: NodeRecord, *, fresh: bool) -> None:
         """Boot a node; a fresh one that fails is removed again entirely."""
         try:
+            if rec.host_ids_first is not None:
+                await self._check_idmap()
             with _errors(f"making node {rec.name}"):
                 await self._boot(state, rec)
         except BaseException:
@@ -505,6 +509,23 @@ class NetnsNodeProvider(NodeProvider):
                     await machine.destroy(rec.layout)
                     await self._forget(state, [rec.node_id], rec.cluster_id)
             raise
+
+    async def _check_idmap(self) -> None:
+        """Refuse user-namespace nodes on a host whose file systems cannot
+        be idmapped (e.g. an overlayfs root): once per provider, before any
+        node is half made. The remedy is the operator's: another root file
+        system, or nodes without user namespaces (no security boundary)."""
+        if self._idmap_refusal is None:
+            shared = [self._cfg.image or Path("/usr"), self._cfg.home, *self._cfg.shares]
+            why = await asyncio.to_thread(userns.idmap_refusal, shared)
+            self._idmap_refusal = why or ""
+        if self._idmap_refusal:
+            raise PermanentProviderError(
+                f"this host cannot run nodes in user namespaces: {self._idmap_refusal} (its file "
+                "systems refuse idmapped mounts; give it a root file system that allows them, "
+                "or run the server with GPUCLUSTERS_NODE_USERNS=0, and nodes are then no "
+                "security boundary: docs/security.md)"
+            )
 
     def _shell(self, rec: NodeRecord) -> NamespaceShell:
         return NamespaceShell(rec.layout, hostname=rec.hostname, address=rec.address)
