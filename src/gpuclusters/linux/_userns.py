@@ -2,8 +2,11 @@
 
 Run by :mod:`gpuclusters.linux.userns` as ``python -I -S _userns.py``::
 
-    user <pin file> <first host id>     a user namespace mapping ids
+    user <pin file> <first host id> [<net pin file>]
+                                        a user namespace mapping ids
                                         0-65535 onto first..first+65535
+                                        (and a network namespace owned by
+                                        it, in the same process)
     net <user pin> <pin file>           a network namespace owned by it
     probe <first host id> <path>...     whether this host can idmap the
                                         mounts at <path>... (nothing kept)
@@ -84,8 +87,15 @@ def _pin(pid: int, kind: str, path: str) -> None:
     _check(libc.mount(source, path.encode(), None, ctypes.c_ulong(MS_BIND), None), f"pin {path}")
 
 
-def make_user(path: str, first: int) -> None:
-    pid = _in_child(lambda: _check(libc.unshare(CLONE_NEWUSER), "unshare user"))
+def make_user(path: str, first: int, net_path: str | None = None) -> None:
+    def setup() -> None:
+        _check(libc.unshare(CLONE_NEWUSER), "unshare user")
+        if net_path is not None:
+            # Owned by the new user namespace, in which this child holds
+            # every capability from the unshare on (no map needed for that).
+            _check(libc.unshare(CLONE_NEWNET), "unshare net")
+
+    pid = _in_child(setup)
     try:
         with open(f"/proc/{pid}/uid_map", "w") as f:
             f.write(f"0 {first} {SIZE}\n")
@@ -93,6 +103,8 @@ def make_user(path: str, first: int) -> None:
         with open(f"/proc/{pid}/gid_map", "w") as f:
             f.write(f"0 {first} {SIZE}\n")
         _pin(pid, "user", path)
+        if net_path is not None:
+            _pin(pid, "net", net_path)
     finally:
         _finish(pid)
 
@@ -137,15 +149,16 @@ def probe(first: int, paths: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     try:
-        if len(argv) == 3 and argv[0] == "user":
-            make_user(argv[1], int(argv[2]))
+        if len(argv) in (3, 4) and argv[0] == "user":
+            make_user(argv[1], int(argv[2]), argv[3] if len(argv) == 4 else None)
         elif len(argv) == 3 and argv[0] == "net":
             make_net(argv[1], argv[2])
         elif len(argv) >= 3 and argv[0] == "probe":
             probe(int(argv[1]), argv[2:])
         else:
             print(
-                "usage: _userns.py user PIN FIRST | net USER_PIN PIN | probe FIRST PATH...",
+                "usage: _userns.py user PIN FIRST [NET_PIN] | net USER_PIN PIN"
+                " | probe FIRST PATH...",
                 file=sys.stderr,
             )
             return 2

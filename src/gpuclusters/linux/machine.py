@@ -250,16 +250,22 @@ async def boot(b: NodeBoot, *, bridge: str) -> bool:
     """Make what is missing of the node; returns whether its mount namespace
     was (re)made, and so its boot daemons started."""
     node = b.layout
+    made_netns = False
     if node.userns:
         if b.host_ids is None:
             raise MachineError(f"node {node.node_id} runs in a user namespace but has no id block")
         _ensure_ns_dir(node.ns_dir)
-        if await userns.ensure(node.user_file, b.host_ids) and sysmount.is_ns_file(node.netns_path):
-            # A netns made before this user namespace is not owned by it
-            # (root in the node could not manage its links): made again.
-            await asyncio.to_thread(_power_off, node)
-            await network.delete_node_link(node)
-    fresh_netns = await network.ensure_node_link(
+        had_netns = sysmount.is_ns_file(node.netns_path)
+        # A new user namespace comes with its netns (one helper for both).
+        if await userns.ensure(node.user_file, b.host_ids, netns=node.netns_path):
+            if had_netns:
+                # A netns made before this user namespace is not owned by it
+                # (root in the node could not manage its links): made again.
+                await asyncio.to_thread(_power_off, node)
+                await network.delete_node_link(node)
+            else:
+                made_netns = True
+    fresh_netns = made_netns | await network.ensure_node_link(
         node,
         bridge=bridge,
         index=b.network_index,

@@ -42,13 +42,20 @@ from gpuclusters.linux.run import run
 HELPER = Path(__file__).with_name("_userns.py")
 
 
-async def ensure(path: Path, ids: IdBlock) -> bool:
-    """The pinned user namespace at ``path``; returns whether it is new."""
+async def ensure(path: Path, ids: IdBlock, *, netns: Path | None = None) -> bool:
+    """The pinned user namespace at ``path``; returns whether it is new.
+    ``netns``: where no namespace is pinned yet, a new user namespace comes
+    with a network namespace it owns, pinned there (one helper process for
+    both, as :func:`make_netns` would make it)."""
     if sysmount.is_ns_file(path):
         if mapped_first(path) == ids.first:
             return False
         sysmount.unmount(path)  # made for another block, or unrecorded
-    await run([sys.executable, "-I", "-S", str(HELPER), "user", str(path), str(ids.first)])
+    argv = [sys.executable, "-I", "-S", str(HELPER), "user", str(path), str(ids.first)]
+    if netns is not None and not sysmount.is_ns_file(netns):
+        netns.parent.mkdir(parents=True, exist_ok=True)
+        argv.append(str(netns))
+    await run(argv)
     record(path, ids)
     return True
 
