@@ -18,7 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 
 # Where scripts/build-node-image keeps its images: <key>/rootfs, complete
-# once <key>/.complete exists (GPUCLUSTERS_NODE_IMAGE_CACHE moves it).
+# once <key>/.complete exists. A build elsewhere (the script's
+# GPUCLUSTERS_NODE_IMAGE_CACHE) is not looked for: name it with
+# GPUCLUSTERS_NODE_IMAGE.
 DEFAULT_CACHE = Path("/var/cache/gpuclusters/node-image")
 # What the layers and the node's init rely on finding in an image.
 NEEDS = ("etc/passwd", "usr/bin/python3", "usr/sbin/sshd", "usr/bin/nsenter")
