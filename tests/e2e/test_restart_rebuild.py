@@ -42,11 +42,19 @@ def test_lost_instances_are_rebuilt_after_restart(server_factory: Servers) -> No
     with server.client() as api:
 
         def rebuilt() -> bool:
+            # The lost node ready again *after* its rebuild (a new ready_at):
+            # the instance file can hold the new instance while the API
+            # still shows the node as it was before the reconciler saw it
+            # vanish, ready and running, for one reconcile.
             c = api.get(f"{P}/clusters/demo").json()
+            nodes = {n["name"]: n for n in c["nodes"]}
+            lost = nodes.get(lost_name)
             return (
                 len(server.instances()) == 2
                 and c["status"] == "ready"
                 and {n["phase"] for n in c["nodes"]} == {"running"}
+                and lost is not None
+                and lost["ready_at"] != before[lost_name]["ready_at"]
             )
 
         def state() -> str:
