@@ -216,7 +216,14 @@ class Laptop(VethNamespace):
 
     def close(self) -> None:
         if self._user_made:
-            sh("pkill", "-KILL", "-u", self.user, check=False)
+            # userdel refuses while a process of the user lives, and a killed
+            # one lives until its parent reaps it: wait for none to be left.
+            deadline = time.monotonic() + 10
+            while sh("pgrep", "-u", self.user, check=False).returncode == 0:
+                sh("pkill", "-KILL", "-u", self.user, check=False)
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             sh("userdel", self.user, check=False)
             self._user_made = False
         super().close()
