@@ -829,6 +829,10 @@ async def boot_run(isolated: bool, index: int) -> float:
         host_ids=idblocks.block(index) if isolated else None,
     )
     try:
+        if isolated:
+            # A server probes its host's idmapped mounts once per process,
+            # before its first user-namespace node: not a node's boot.
+            await provider._check_idmap()
         t0 = time.perf_counter()
         await provider.create(spec)
         return time.perf_counter() - t0

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from netlab import Laptop
 
+from gpuclusters.linux import nodeimage
 from support.debian_hosts import DebianHost, DebianHosts
 from support.processes import free_port
 
@@ -125,6 +126,8 @@ def lab(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def test_hosts_add_bootstraps_fresh_debian_machines(lab: Lab) -> None:
+    image = nodeimage.newest_built()  # scripts/setup builds it
+    assert image is not None
     started = time.monotonic()
     for h in lab.hosts:
         r = lab.server.cli(
@@ -134,6 +137,10 @@ def test_hosts_add_bootstraps_fresh_debian_machines(lab: Lab) -> None:
             timeout=1200,
         )  # fmt: skip
         assert r.returncode == 0, f"hosts add {h.name}\n{r.stdout}\n{r.stderr}"
+        # The node image went with it (nodes never boot from the host's own /usr).
+        assert f"[5/7] node image {image.parent.name}" in r.stderr
+        stamp = f"{image.parent}/.complete"
+        assert h.run(f"test -e {stamp} && echo ok").stdout.strip() == "ok"
         added = json.loads(r.stdout)
         assert added["name"] == h.name and added["agent_status"] == "ready"
     print(f"hosts add x2: {time.monotonic() - started:.1f}s")
@@ -186,6 +193,11 @@ def test_slurm_cluster_with_a_node_on_each_host(lab: Lab) -> None:
         assert r.returncode == 0, f"laptop: ssh {command}\n{r.stdout}\n{r.stderr}"
         return str(r.stdout)
 
+    # The nodes boot from the node image hosts add shipped, not the host's /usr.
+    assert "slurmd" in ssh("cat /etc/gpuclusters-node-packages").split()
+    # hosts add left its wheels in the host's /opt: not the node's /opt.
+    assert lab.hosts[0].run("ls /opt/gpuclusters/wheels | wc -l").stdout.strip() != "0"
+    assert ssh("test -e /opt/gpuclusters/wheels || echo absent").strip() == "absent"
     out = ssh("sbatch --wait -N2 -o hn-%j.out --wrap 'srun hostname'")
     job = out.split()[-1]
     printed = ssh(f"cat hn-{job}.out").split()

@@ -15,10 +15,11 @@ from pathlib import Path
 from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.linux import layout, network, sysmount
+from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.linux.layout import DEFAULT_NS_DIR, NodeLayout
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.providers.fleet import load_fleet
-from gpuclusters.providers.netns.config import NetnsProviderConfig
+from gpuclusters.providers.netns.config import NetnsProviderConfig, runtime_paths
 from gpuclusters.providers.netns.provider import NetnsNodeProvider
 from gpuclusters.providers.netns.state import ProviderState
 from gpuclusters.providers.registry import DEFAULT_NETNS_FLEET
@@ -44,16 +45,24 @@ class Fleet:
         return VolumeStore(self.home / "volumes")
 
     def provider(
-        self, *, node_share: float = 1.0, userns: bool = False, image: Path | None = None
+        self,
+        *,
+        node_share: float = 1.0,
+        userns: bool = False,
+        image: Path | None = None,
+        devices: DeviceSet | None = None,
+        extra_shares: tuple[Path, ...] = (),
     ) -> NetnsNodeProvider:
         return NetnsNodeProvider(
             NetnsProviderConfig(
+                shares=runtime_paths() + extra_shares,
                 fleet=load_fleet(DEFAULT_NETNS_FLEET),
                 home=self.home,
                 spawn_agent=self.spawn_agent,
                 node_share=node_share,
                 userns=userns,
                 image=image,
+                devices=devices,
             )
         )
 

@@ -7,9 +7,13 @@ test fails where the image is not used).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shutil
+import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from nodetools import Fleet
 from gpuclusters.core import idblocks
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.linux import nodeimage
+from gpuclusters.linux.devices import DRIVER_ROOT, DeviceSet
 from gpuclusters.providers.base import PermanentProviderError
 from gpuclusters.server.settings import Settings
 
@@ -94,6 +99,31 @@ async def test_a_node_sees_its_image_not_the_host(
         assert not (image / secret).exists()
 
 
+async def test_a_share_inside_an_image_directory_gets_its_mount_point(
+    fleet: Fleet, image: Path
+) -> None:
+    """A host agent's virtual environment is /opt/gpuclusters/venv, inside
+    the image's /opt, which has no such directory and is read-only: the
+    node's /opt is then its own, with the image's entries bound in it."""
+    assert (image / "opt").is_dir() and not (image / "opt/gpct-share").exists()
+    share = Path("/opt/gpct-share") / secrets.token_hex(4)
+    share.mkdir(parents=True)
+    try:
+        (share / "marker").write_text("shared\n")
+        p = fleet.provider(image=image, userns=True, extra_shares=(share,))
+        spec = fleet.spec(fleet.cluster(), "img-share", "h100-a-01", host_ids=idblocks.block(10))
+        await p.create(spec)
+        sh = await p.shell(spec.node_id)
+        assert (await sh.run(["cat", str(share / "marker")])).stdout == "shared\n"
+        r = await sh.run(["touch", str(share / "x")], check=False)
+        assert r.returncode != 0 and "Read-only file system" in r.stderr
+        # The rest of the node's /opt is the image's: nothing else of the host's.
+        listed = (await sh.run(["ls", "-A", "/opt"])).stdout.split()
+        assert listed == sorted({*os.listdir(image / "opt"), "gpct-share"})
+    finally:
+        shutil.rmtree("/opt/gpct-share")
+
+
 async def test_a_munge_and_slurm_daemon_run_from_the_image(fleet: Fleet, image: Path) -> None:
     """munged with the node's own key, as the image's munge account; a
     credential made and decoded: the daemons the Slurm layer starts work
@@ -112,6 +142,82 @@ async def test_a_munge_and_slurm_daemon_run_from_the_image(fleet: Fleet, image: 
     )
     r = await sh.run(["sh", "-c", script], check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _fake_driver(hw: Path) -> DeviceSet:
+    """A host's GPU driver as linux/devices.py finds it: a GPU and its
+    control node (char devices with /dev/null's numbers), a real shared
+    object named and sonamed as the driver's libraries are, and a tool."""
+    dev = hw / "dev"
+    dev.mkdir(parents=True)
+    for name in ("nvidia0", "nvidiactl"):
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
+    src = hw / "gpct.c"
+    src.write_text("int gpct_driver(void) { return 42; }\n")
+    lib = hw / "libnvidia-gpct.so.550.54.15"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-gpct.so.1", "-o", str(lib), str(src)],
+        check=True,
+    )
+    tool = hw / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho fake nvidia-smi\n")
+    tool.chmod(0o755)
+    return DeviceSet(
+        device_nodes=(str(dev / "nvidia0"), str(dev / "nvidiactl")),
+        mounts=((str(lib), DRIVER_LIB), (str(tool), "/usr/bin/nvidia-smi")),
+        gpu_count=1,
+        dev_root=str(dev),
+        library_dirs=(os.path.dirname(DRIVER_LIB),),
+    )
+
+
+DRIVER_LIB = "/usr/lib/x86_64-linux-gnu/libnvidia-gpct.so.550.54.15"
+LOAD = "import ctypes; print(ctypes.CDLL('libnvidia-gpct.so.1').gpct_driver())"
+
+
+async def test_the_gpu_driver_reaches_a_node_on_the_image(
+    fleet: Fleet, image: Path, tmp_path: Path
+) -> None:
+    """The image's /usr is read-only and has no driver: the host's driver
+    files go below the node's driver root, the loader finds the libraries
+    (ldconfig with the relocated folder) and the tools are on PATH."""
+    devices = _fake_driver(tmp_path / "hw")
+    cluster = fleet.cluster()
+    # Without the image, the driver's files are only where the node shares the
+    # host's /usr: one the host lacks there cannot be placed, and no program in
+    # the node loads it (the check below can fail).
+    plain = fleet.provider(devices=devices)
+    spec = fleet.spec(cluster, "drv-plain", "h100-a-01")
+    await plain.create(spec)
+    sh = await plain.shell(spec.node_id)
+    report = (await sh.run(["cat", "/run/gpuclusters/devices"])).stdout
+    assert f"skipped {DRIVER_LIB}" in report
+    r = await sh.run([sys.executable, "-c", LOAD], check=False)
+    assert r.returncode != 0 and "libnvidia-gpct.so.1" in r.stderr
+
+    p = fleet.provider(image=image, userns=True, devices=devices)
+    spec = fleet.spec(cluster, "drv-image", "h100-a-02", host_ids=idblocks.block(9))
+    await p.create(spec)
+    sh = await p.shell(spec.node_id)
+    report = (await sh.run(["cat", "/run/gpuclusters/devices"])).stdout.splitlines()
+    assert f"bound {DRIVER_ROOT}{DRIVER_LIB}" in report
+    assert f"bound {DRIVER_ROOT}/bin/nvidia-smi" in report
+    assert f"ldconfig {DRIVER_ROOT}/usr/lib/x86_64-linux-gnu" in report
+    # The image's /usr itself is untouched.
+    assert not await _sees(sh, Path(DRIVER_LIB))
+    r = await sh.run(["python3", "-c", LOAD], check=False)
+    assert (r.returncode, r.stdout.strip()) == (0, "42"), r.stderr
+    # The soname link, made by the node's own ldconfig beside the bound file.
+    link = await sh.run(["readlink", f"{DRIVER_ROOT}/usr/lib/x86_64-linux-gnu/libnvidia-gpct.so.1"])
+    assert link.stdout.strip() == "libnvidia-gpct.so.550.54.15"
+    smi = await sh.run(["sh", "-c", "command -v nvidia-smi && nvidia-smi"], check=False)
+    assert smi.stdout.split() == ["/usr/local/bin/nvidia-smi", "fake", "nvidia-smi"], smi.stderr
+    # The driver's files are read-only to the node's root.
+    r = await sh.run(["sh", "-c", f"echo x >> {DRIVER_ROOT}{DRIVER_LIB}"], check=False)
+    assert r.returncode != 0
+    # The node's device plugin hands containers the host's paths.
+    info = json.loads((await sh.run(["cat", "/etc/gpuclusters/node.json"])).stdout)
+    assert [m[2] for m in info["devices"]["mounts"]] == [DRIVER_LIB, "/usr/bin/nvidia-smi"]
 
 
 def test_a_directory_that_is_not_an_image_is_refused(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from gpuclusters.agent.deviceplugin import api_pb2_grpc as pb_grpc
 from gpuclusters.agent.deviceplugin import plugin as plugin_mod
 from gpuclusters.agent.deviceplugin.plugin import DevicePluginRunner, GpuDevicePlugin, NodeDevices
 from gpuclusters.agent.gpus import GpuInfo, SimulatedGpus
+from gpuclusters.linux import nodeimage
 from gpuclusters.linux.devices import DeviceSet
 from gpuclusters.providers.base import HostSpec
 from gpuclusters.providers.netns.config import NetnsProviderConfig
@@ -495,8 +496,27 @@ def test_node_devices_from_node_info() -> None:
         }
     )
     assert devices == NodeDevices(
-        device_nodes=("/dev/nvidia0", "/dev/nvidiactl"), mounts=("/usr/bin/nvidia-smi",)
+        device_nodes=("/dev/nvidia0", "/dev/nvidiactl"),
+        mounts=(("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),),
     )
+    # A node on the node image: its files below the driver root, each with
+    # the path containers get it at.
+    relocated = NodeDevices.from_node_info(
+        {
+            "mounts": [
+                ["/usr/bin/nvidia-smi", "/run/nvidia/driver/bin/nvidia-smi", "/usr/bin/nvidia-smi"]
+            ],
+            "driver_root": "/run/nvidia/driver/",
+        }
+    )
+    assert relocated.mounts == (("/run/nvidia/driver/bin/nvidia-smi", "/usr/bin/nvidia-smi"),)
+    assert relocated.driver_root == "/run/nvidia/driver"
+    assert relocated.container_path("/run/nvidia/driver/bin/nvidia-smi") == "/usr/bin/nvidia-smi"
+    assert (
+        relocated.container_path("/run/nvidia/driver/usr/lib/libcuda.so.1")
+        == "/usr/lib/libcuda.so.1"
+    )
+    assert relocated.container_path("/run/x.sock") == "/run/x.sock"
     bad: Any
     for bad in (
         [],
@@ -505,6 +525,9 @@ def test_node_devices_from_node_info() -> None:
         {"device_nodes": ["/dev/../etc/shadow"]},
         {"mounts": [["/usr/bin/nvidia-smi"]]},
         {"mounts": [["/x", "relative"]]},
+        {"mounts": [["/x", "/y", "relative"]]},
+        {"mounts": [["/x", "/y", "/z", "/w"]]},
+        {"driver_root": "run/nvidia"},
         {"library_dirs": ["lib"]},
     ):
         with pytest.raises(ValueError):
@@ -553,6 +576,42 @@ def test_allocate_with_real_devices(gpu_node: GpuNode) -> None:
     }
     assert dict(two.envs)["CUDA_VISIBLE_DEVICES"] == "0"
     assert empty == pb.ContainerAllocateResponse()
+
+
+def test_relocated_driver_files_go_to_containers_at_the_hosts_paths(tmp_path: Path) -> None:
+    """A node on the node image sees the driver below its driver root
+    (linux/devices.py DeviceSet.relocated); containers get each file, and the
+    soname links the node's ldconfig made beside them, at the host's path."""
+    root = tmp_path / "run/nvidia/driver"
+    lib, bin_ = root / "usr/lib/x86_64-linux-gnu", root / "bin"
+    dev = tmp_path / "dev"
+    for d in (lib, bin_, dev):
+        d.mkdir(parents=True)
+    for name in ("nvidia0", "nvidiactl"):
+        (dev / name).touch()
+    (lib / "libcuda.so.550.54.15").touch()
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.550.54.15")
+    (bin_ / "nvidia-smi").touch()
+    info = {
+        "device_nodes": ["/dev/nvidia0", "/dev/nvidiactl"],
+        "mounts": [
+            ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", f"{lib}/libcuda.so.550.54.15",
+             "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"],
+            ["/usr/sbin/nvidia-smi", f"{bin_}/nvidia-smi", "/usr/sbin/nvidia-smi"],
+        ],
+        "library_dirs": ["/usr/lib/x86_64-linux-gnu"],
+        "driver_root": str(root),
+    }  # fmt: skip
+    gpus = RealGpus(dev, [0])
+    plugin = GpuDevicePlugin(gpus, dev_dir=dev, devices=NodeDevices.from_node_info(info))
+    (c,) = allocate(plugin, [gpus.inventory()[0].uuid])
+    assert [(m.container_path, m.host_path, m.read_only) for m in c.mounts] == [
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", f"{lib}/libcuda.so.550.54.15", True),
+        ("/usr/sbin/nvidia-smi", f"{bin_}/nvidia-smi", True),
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", f"{lib}/libcuda.so.1", True),
+    ]
+    # The containers' library folder is a loader default: no LD_LIBRARY_PATH.
+    assert "LD_LIBRARY_PATH" not in c.envs
 
 
 def test_real_devices_in_default_loader_dirs_leave_ld_library_path_alone(
@@ -633,8 +692,34 @@ def test_provider_writes_devices_into_gpu_nodes_node_json(tmp_path: Path) -> Non
     info = provider._boot_spec(record("gpu"), net, None, ()).node_info
     assert json.loads(json.dumps(info))["devices"] == {
         "device_nodes": ["/dev/nvidia0", "/dev/nvidiactl"],
-        "mounts": [["/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"]],
+        "mounts": [
+            ["/run/nvidia/driver/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"]
+        ],
         "library_dirs": ["/usr/lib/x86_64-linux-gnu"],
+        "driver_root": None,
     }
     assert NodeDevices.from_node_info(info["devices"]).control_nodes() == ["/dev/nvidiactl"]
     assert "devices" not in provider._boot_spec(record("service"), net, None, ()).node_info
+
+    # Nodes on a node image: the driver's files below the node's driver root
+    # (the image's /usr is read-only and has none), containers' paths kept.
+    image = tmp_path / "image"
+    for need in nodeimage.NEEDS:
+        (image / need).parent.mkdir(parents=True, exist_ok=True)
+        (image / need).touch()
+    on_image = NetnsNodeProvider(
+        NetnsProviderConfig(
+            fleet=[host], home=tmp_path / "home", shares=(), devices=devices, image=image
+        )
+    )
+    info = on_image._boot_spec(record("gpu"), net, None, ()).node_info
+    host_smi = "/run/nvidia/driver/usr/bin/nvidia-smi"  # a containerised driver's
+    assert info["devices"]["mounts"] == [
+        [host_smi, "/run/nvidia/driver/bin/nvidia-smi", "/usr/bin/nvidia-smi"]
+    ]
+    assert info["devices"]["driver_root"] == "/run/nvidia/driver"
+    boot = on_image._boot_spec(record("gpu"), net, None, ())
+    assert boot.devices is not None
+    assert boot.devices.to_nsinit()["library_dirs"] == [
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu"
+    ]

@@ -324,3 +324,37 @@ def test_host_devices_prefers_nvidia_ctk_and_falls_back_to_discovery(
         fallback = devices.host_devices(ctk_path, dev_root=dev, ensure_uvm=False)
         assert fallback is not None and fallback.source == "discovered"
         assert fallback.gpu_count == 3
+
+
+def test_the_node_image_links_every_driver_tool_from_usr_local_bin() -> None:
+    """scripts/build-node-image keeps its own copy of the tool list and the
+    driver root (a shell script): the two must not drift apart."""
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "build-node-image").read_text()
+    listed = re.search(r"^DRIVER_BINARIES=\(([^)]*)\)", script, re.M)
+    assert listed is not None
+    assert tuple(listed.group(1).split()) == devices.DRIVER_BINARIES
+    assert f"\nDRIVER_ROOT={devices.DRIVER_ROOT}\n" in script
+
+
+def test_relocated_paths() -> None:
+    ds = DeviceSet(
+        mounts=(
+            ("/host/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1"),
+            ("/usr/sbin/nvidia-smi", "/usr/sbin/nvidia-smi"),
+            ("/run/nvidia-persistenced/socket", "/run/nvidia-persistenced/socket"),
+        ),
+        library_dirs=("/usr/lib",),
+    )
+    assert ds.to_nsinit()["mounts"] == [list(m) for m in ds.mounts]  # not relocated: as they are
+    moved = ds.relocated().to_nsinit()
+    assert moved["mounts"] == [
+        ["/host/usr/lib/libcuda.so.1", "/run/nvidia/driver/usr/lib/libcuda.so.1"],
+        ["/usr/sbin/nvidia-smi", "/run/nvidia/driver/bin/nvidia-smi"],
+        # The node's /run is its own: sockets stay where their clients look.
+        ["/run/nvidia-persistenced/socket", "/run/nvidia-persistenced/socket"],
+    ]
+    assert moved["library_dirs"] == ["/run/nvidia/driver/usr/lib"]
+    assert moved["driver_root"] == "/run/nvidia/driver"
+    for bad in ("/opt/driver", "/run/../etc"):
+        with pytest.raises(ValueError, match="driver root"):
+            ds.relocated(bad)

@@ -61,11 +61,25 @@ def join(
         ),
     ] = None,
     ns_dir: Annotated[Path, typer.Option("--ns-dir")] = Path("/run/gpuclusters/ns"),
+    node_image: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-image",
+            help="the node image nodes boot from (hosts add ships the server's); "
+            "default: the host's own directories",
+        ),
+    ] = None,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Join this host to a gpuclusters server (writes the configuration and
     credentials; `host-agent run` or the systemd unit starts the agent)."""
     cfg_mod, join_mod = _module("config"), _module("join")
+    if node_image is not None:
+        try:
+            importlib.import_module("gpuclusters.linux.nodeimage").check(node_image)
+        except ValueError as exc:
+            typer.echo(f"error: --node-image: {exc}", err=True)
+            raise typer.Exit(1) from exc
     cfg = cfg_mod.AgentConfig(
         name=name,
         server_url=server.rstrip("/"),
@@ -74,6 +88,7 @@ def join(
         home=str(home),
         ns_dir=str(ns_dir),
         volumes_dir=str(volumes_dir) if volumes_dir else None,
+        node_image=str(node_image) if node_image else None,
     )
     try:
         join_mod.join(

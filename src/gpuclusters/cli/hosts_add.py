@@ -16,9 +16,13 @@ is done, and a failed run can simply be run again):
    host needs no internet;
 4. the Kubernetes node binaries (kubelet, kube-proxy, kubectl) from this
    machine's build cache to the same path there;
-5. a join token from the server, ``gpuclusters host-agent join`` on the host,
+5. the node image its nodes boot from (linux/nodeimage.py): this machine's
+   newest build, streamed as a tar (numeric owners, extended attributes)
+   into the host's image cache under the same key, unless the host has that
+   key complete already; the host's own directories are never the nodes';
+6. a join token from the server, ``gpuclusters host-agent join`` on the host,
    the systemd unit, and ``systemctl enable --now``;
-6. wait until the server shows the host ``ready`` (its first heartbeat).
+7. wait until the server shows the host ``ready`` (its first heartbeat).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from gpuclusters.cli.org import hosts_table
 from gpuclusters.cli.render import emit
 from gpuclusters.core.errors import ValidationError
 from gpuclusters.core.models import check_host_name
+from gpuclusters.linux import nodeimage
 
 VENV = "/opt/gpuclusters/venv"
 WHEELS = "/opt/gpuclusters/wheels"
@@ -158,6 +163,58 @@ def _wheelhouse(given: Path | None) -> Path:
     return out
 
 
+def _ship_node_image(remote: _Remote, image: Path, timeout: float) -> str:
+    """The host's path of ``image`` (``<cache>/<key>/rootfs``), copied there
+    unless the host has it complete. A copy lands in ``<key>.new`` and is
+    renamed, then stamped: an interrupted one is never taken for an image."""
+    key = image.parent.name
+    cache = shlex.quote(str(nodeimage.DEFAULT_CACHE))
+    dest = f"{cache}/{shlex.quote(key)}"
+    if remote.run(f"test -e {dest}/.complete && echo have || true", timeout=60).strip() == "have":
+        return str(nodeimage.DEFAULT_CACHE / key / "rootfs")
+    tar_flags = "--numeric-owner --xattrs --xattrs-include='*'"
+    script = (
+        f"rm -rf {dest}.new {dest} && mkdir -p {dest}.new/rootfs && "
+        f"tar {tar_flags} -C {dest}.new/rootfs -xpf - && mv {dest}.new {dest} && "
+        f"date -u +%FT%TZ > {dest}/.complete"
+    )
+    argv = ["ssh", *remote.opts, remote.target, "bash -euo pipefail -c " + shlex.quote(script)]
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "--xattrs", "-C", str(image), "-cf", "-", "."],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        done = subprocess.run(argv, stdin=tar.stdout, capture_output=True, timeout=timeout)
+    finally:
+        assert tar.stdout is not None
+        tar.stdout.close()
+        tar_err = tar.communicate(timeout=60)[1]
+    if tar.returncode != 0 or done.returncode != 0:
+        why = (done.stderr or tar_err).decode("utf-8", "replace").strip()[-1500:]
+        raise ValidationError(f"on {remote.target}: copying the node image failed: {why}")
+    return str(nodeimage.DEFAULT_CACHE / key / "rootfs")
+
+
+def _node_image_option(value: str | None) -> Path | None:
+    """``--node-image``: a built image (default: this machine's newest), or
+    ``none`` (the host's nodes then boot from its own directories)."""
+    if value is not None and value.strip().lower() in ("", "none"):
+        return None
+    image = Path(value) if value is not None else nodeimage.newest_built()
+    if image is None:
+        raise ValidationError(
+            f"node_image: no node image built in {nodeimage.DEFAULT_CACHE} "
+            "(run scripts/build-node-image, or give --node-image none)",
+            field="node_image",
+        )
+    try:
+        nodeimage.check(image)
+    except nodeimage.NodeImageError as exc:
+        raise ValidationError(f"node_image: {exc}", field="node_image") from exc
+    return image
+
+
 def _tar_of(directory: Path, names: list[str]) -> bytes:
     done = subprocess.run(
         ["tar", "-C", str(directory), "-cf", "-", *names], capture_output=True, check=True
@@ -200,6 +257,14 @@ def hosts_add(
     ] = "/var/lib/gpuclusters-host",
     wheelhouse: Annotated[Path | None, typer.Option("--wheelhouse")] = None,
     k8s_bin: Annotated[Path, typer.Option("--k8s-bin")] = DEFAULT_K8S_BIN,
+    node_image: Annotated[
+        str | None,
+        typer.Option(
+            "--node-image",
+            help="the node image to ship (default: the newest built here; 'none': nodes "
+            "see the host's own directories)",
+        ),
+    ] = None,
     skip_packages: Annotated[
         bool, typer.Option("--skip-packages", help="do not run apt-get (already installed)")
     ] = False,
@@ -213,9 +278,10 @@ def hosts_add(
     user, _, hostpart = target.partition("@")
     if user != "root":
         raise ValidationError("target: the host agent is installed as root (root@HOST)")
+    image = _node_image_option(node_image)
     remote = _Remote(target, key=ssh_key, port=ssh_port, known_hosts=known_hosts)
 
-    err.print(f"[1/6] checking {hostpart}")
+    err.print(f"[1/7] checking {hostpart}")
     facts = remote.run(
         '. /etc/os-release; echo "$ID $VERSION_ID"; uname -m; hostname; id -u', timeout=60
     ).split("\n")
@@ -249,9 +315,9 @@ def hosts_add(
         address = words[words.index("src") + 1]
 
     if skip_packages:
-        err.print("[2/6] packages: skipped")
+        err.print("[2/7] packages: skipped")
     else:
-        err.print(f"[2/6] packages ({len(PACKAGES)}, apt-get)")
+        err.print(f"[2/7] packages ({len(PACKAGES)}, apt-get)")
         remote.run(
             "export DEBIAN_FRONTEND=noninteractive; "
             f"dpkg-query -W {' '.join(PACKAGES)} >/dev/null 2>&1 || "
@@ -261,7 +327,7 @@ def hosts_add(
             timeout=1800,
         )
 
-    err.print("[3/6] gpuclusters and its dependencies")
+    err.print("[3/7] gpuclusters and its dependencies")
     wheels = _wheelhouse(wheelhouse)
     names = sorted(p.name for p in wheels.glob("*.whl"))
     remote.run(
@@ -275,7 +341,7 @@ def hosts_add(
         timeout=1800,
     )
 
-    err.print("[4/6] Kubernetes node binaries")
+    err.print("[4/7] Kubernetes node binaries")
     missing = [b for b in K8S_NODE_BINARIES if not (k8s_bin / b).exists()]
     if missing:
         raise ValidationError(
@@ -297,7 +363,14 @@ def hosts_add(
             timeout=1800,
         )
 
-    err.print(f"[5/6] joining {host_name} ({address}) to {url}")
+    if image is None:
+        err.print("[5/7] node image: none (nodes see the host's own directories)")
+        host_image = None
+    else:
+        err.print(f"[5/7] node image {image.parent.name}")
+        host_image = _ship_node_image(remote, image, timeout=1800)
+
+    err.print(f"[6/7] joining {host_name} ({address}) to {url}")
     join = [
         f"{VENV}/bin/gpuclusters",
         "host-agent",
@@ -317,6 +390,8 @@ def hosts_add(
     ]
     if volumes_dir is not None:
         join += ["--volumes-dir", volumes_dir]
+    if host_image is not None:
+        join += ["--node-image", host_image]
     unit = UNIT_TEXT.format(venv=VENV)
     remote.run(
         f"{shlex.join(join)} && cat > /etc/systemd/system/{UNIT} && systemctl daemon-reload && "
@@ -325,7 +400,7 @@ def hosts_add(
         timeout=120,
     )
 
-    err.print(f"[6/6] waiting for {host_name}'s first heartbeat")
+    err.print(f"[7/7] waiting for {host_name}'s first heartbeat")
     deadline = time.monotonic() + timeout_s
     with open_client() as client:
         while True:

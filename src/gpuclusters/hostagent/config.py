@@ -38,6 +38,10 @@ class AgentConfig:
     # The operator's shared filesystem as this host mounts it (volumes live
     # in <volumes_dir>/<id>); None: volumes on this host's own disk.
     volumes_dir: str | None = None
+    # The node image its nodes boot from (a copy of the server's, shipped by
+    # `hosts add`; linux/nodeimage.py); None: the host's own directories,
+    # read-only.
+    node_image: str | None = None
     # A host without NVIDIA GPUs offers this many simulated ones of this type.
     simulated_gpu_type: str = "H100_SXM"
     heartbeat_interval_s: float = 5.0

@@ -73,6 +73,7 @@ def make_provider(cfg: AgentConfig, inventory: dict[str, Any]) -> NetnsNodeProvi
             gpu_backend="auto" if real else "simulated",
             volumes_dir=Path(cfg.volumes_dir) if cfg.volumes_dir else None,
             devices=devices,
+            image=Path(cfg.node_image) if cfg.node_image else None,
             # A node runs in a user namespace when the server sends its
             # project's id block (docs/security.md), as the server's own do.
             userns=True,

@@ -220,41 +220,90 @@ def attach(fd: int, target: str) -> None:
     os.close(fd)
 
 
-def shared_top_dirs(base: str = "/") -> list[str]:
-    """The top-level directories of ``base`` (the node image, or the host's
-    own root) every node sees read-only."""
-    return [
-        e.path
-        for e in os.scandir(base)
-        if e.name not in PRIVATE_TOP
-        and e.name not in SKIP_TOP
-        and not e.is_symlink()
-        and e.is_dir(follow_symlinks=False)
-    ]
+def opened_top_dirs(base: str, shares: list[str]) -> set[str]:
+    """The top-level directories of ``base`` a share lands in at a path
+    ``base`` lacks (a host agent's /opt/gpuclusters/venv in the image's
+    /opt): bound whole and read-only they would leave it no mount point, so
+    the node gets a directory of its own there, with ``base``'s entries bound
+    in one by one (:func:`populate_root`)."""
+    out = set()
+    for share in shares:
+        parts = share.strip("/").split("/")
+        if len(parts) < 2 or parts[0] in PRIVATE_TOP or parts[0] in SKIP_TOP:
+            continue
+        top = os.path.join(base, parts[0])
+        lacks_mount_point = not os.path.isdir(os.path.join(base, *parts))
+        if os.path.isdir(top) and not os.path.islink(top) and lacks_mount_point:
+            out.add(top)
+    return out
 
 
-def populate_root(root: str, idmapped: dict[str, int] | None = None, base: str = "/") -> None:
+def shared_top_dirs(base: str = "/", shares: list[str] | None = None) -> list[str]:
+    """The directories of ``base`` (the node image, or the host's own root)
+    every node sees read-only: its top-level ones, or for one a share opens
+    (:func:`opened_top_dirs`), the directories in it."""
+    opened = opened_top_dirs(base, shares or [])
+    out = []
+    for e in os.scandir(base):
+        if e.name in PRIVATE_TOP or e.name in SKIP_TOP or e.is_symlink():
+            continue
+        if not e.is_dir(follow_symlinks=False):
+            continue
+        if e.path in opened:
+            out += [c.path for c in os.scandir(e.path) if c.is_dir(follow_symlinks=False)]
+        else:
+            out.append(e.path)
+    return out
+
+
+def _bind_entry(entry: os.DirEntry[str], target: str, idmapped: dict[str, int] | None) -> None:
+    """One entry of the image (or host root) in the node: a symlink copied,
+    a directory bound read-only (or attached through its idmapped copy), a
+    file bound read-only."""
+    if entry.is_symlink():
+        link = os.readlink(entry.path)
+        if os.path.islink(target) and os.readlink(target) == link:
+            return
+        if os.path.lexists(target):
+            os.remove(target)
+        os.symlink(link, target)
+        own(target)
+    elif entry.is_dir(follow_symlinks=False):
+        os.makedirs(target, exist_ok=True)
+        if idmapped is not None and entry.path in idmapped:
+            attach(idmapped.pop(entry.path), target)
+        else:
+            bind(entry.path, target, recursive=True, readonly=True)
+    elif entry.is_file(follow_symlinks=False):
+        if not os.path.exists(target):
+            open(target, "a").close()
+        bind(entry.path, target, readonly=True)
+
+
+def populate_root(
+    root: str,
+    idmapped: dict[str, int] | None = None,
+    base: str = "/",
+    shares: list[str] | None = None,
+) -> None:
     """The node's top level: ``base``'s directories bound read-only (or
     attached through their idmapped copies), its symlinks copied (Debian's
-    /bin -> usr/bin), and empty directories of the node's own for the rest."""
+    /bin -> usr/bin), and empty directories of the node's own for the rest.
+    A top-level directory a share opens (:func:`opened_top_dirs`) is the
+    node's own, with ``base``'s entries in it bound one by one."""
+    opened = opened_top_dirs(base, shares or [])
     for entry in os.scandir(base):
         name, target = entry.name, os.path.join(root, entry.name)
         if name in PRIVATE_TOP or name in SKIP_TOP:
             continue
-        if entry.is_symlink():
-            link = os.readlink(entry.path)
-            if os.path.islink(target) and os.readlink(target) == link:
-                continue
-            if os.path.lexists(target):
-                os.remove(target)
-            os.symlink(link, target)
-            own(target)
-        elif entry.is_dir(follow_symlinks=False):
+        if entry.path in opened:
             os.makedirs(target, exist_ok=True)
-            if idmapped is not None and entry.path in idmapped:
-                attach(idmapped.pop(entry.path), target)
-            else:
-                bind(entry.path, target, recursive=True, readonly=True)
+            os.chmod(target, 0o755)
+            own(target)
+            for child in os.scandir(entry.path):
+                _bind_entry(child, os.path.join(target, child.name), idmapped)
+            continue
+        _bind_entry(entry, target, idmapped)
     for name in PRIVATE_TOP:
         os.makedirs(os.path.join(root, name), exist_ok=True)
         own(os.path.join(root, name))
@@ -295,11 +344,22 @@ def make_dev(dev: str, gpus: int) -> None:
         os.chmod(path, 0o666)
 
 
+def _makedirs_owned(path: str) -> None:
+    """``os.makedirs``, each new directory the node root's: the node's
+    ldconfig makes the driver's soname links in the ones below the driver
+    root."""
+    if os.path.isdir(path):
+        return
+    _makedirs_owned(os.path.dirname(path))
+    os.mkdir(path)
+    own(path)
+
+
 def _place(target: str, isdir: bool) -> None:
     """Make an empty file or directory for a bind mount to cover."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    _makedirs_owned(os.path.dirname(target))
     if isdir:
-        os.makedirs(target, exist_ok=True)
+        _makedirs_owned(target)
     elif not os.path.lexists(target):
         os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
 
@@ -360,6 +420,19 @@ def expose_devices(root: str, devices: dict[str, Any]) -> tuple[list[str], bool]
             continue
         report.append(f"bound {node}")
         libs_bound = libs_bound or os.path.dirname(node) in lib_dirs
+    root_dir = devices.get("driver_root")
+    if libs_bound and root_dir:
+        # The relocated library folders are no loader default: listed for
+        # the node's ldconfig (run after the pivot), which also makes the
+        # soname links (libcuda.so.1) beside the bound files.
+        folders = sorted(d for d in lib_dirs if d.startswith(root_dir + "/"))
+        conf = at("/etc/ld.so.conf.d/gpuclusters-driver.conf")
+        _makedirs_owned(os.path.dirname(conf))
+        with open(conf, "w") as f:
+            f.write("# The host's GPU driver (gpuclusters, linux/devices.py)\n")
+            f.write("".join(d + "\n" for d in folders))
+        own(conf)
+        report.append(f"ldconfig {' '.join(folders)}")
     return report, libs_bound
 
 
@@ -428,7 +501,7 @@ def boot(
         return os.path.join(root, path.lstrip("/"))
 
     bind(root, root)
-    populate_root(root, idmapped, spec.get("image") or "/")
+    populate_root(root, idmapped, spec.get("image") or "/", list(spec["shares"]))
     for ov in spec["overlays"]:
         lower, staged = ov["lower"], None
         if idmapped is not None and lower in idmapped:
@@ -542,7 +615,7 @@ def boot_in_userns(spec: dict[str, Any]) -> int:
     userns_fd = os.open(spec["userns"], os.O_RDONLY)
     idmapped: dict[str, int] = {}
     wanted = (
-        shared_top_dirs(spec.get("image") or "/")
+        shared_top_dirs(spec.get("image") or "/", list(spec["shares"]))
         + [ov["lower"] for ov in spec["overlays"]]
         + list(spec["shares"])
     )

@@ -32,6 +32,18 @@ under ``/run``, nothing else).
 run (no container runtime is involved); the node's linker cache is the
 host's ``/etc/ld.so.cache`` through its ``/etc`` overlay, and ``_nsinit`` runs
 ``ldconfig`` in the node only if it had to bind a library into one of them.
+
+A node booting from the node image (linux/nodeimage.py) cannot take the
+driver at its own paths: its ``/usr`` is the image's, read-only and shared
+by every node, and knows no driver. :meth:`DeviceSet.relocated` moves the
+driver's files below :data:`DRIVER_ROOT` in the node (its own tmpfs,
+the layout NVIDIA's GPU Operator uses for a containerised driver):
+libraries and firmware at their host path below it, the driver's tools
+flat in ``<root>/bin``, which the image links from ``/usr/local/bin``
+(scripts/build-node-image). ``_nsinit`` then lists the relocated library
+folders in ``/etc/ld.so.conf.d`` and runs ``ldconfig``, and the device plugin
+still gives containers every file at the path the driver put it on the
+host (``container_path``).
 """
 
 from __future__ import annotations
@@ -74,6 +86,9 @@ DRIVER_BINARIES = (
     "nvidia-imex",
     "nvidia-imex-ctl",
 )
+# Where a node booting from the node image sees the driver's files
+# (DeviceSet.relocated); the image links <root>/bin/<tool> from /usr/local/bin.
+DRIVER_ROOT = "/run/nvidia/driver"
 DEFAULT_BIN_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin")
 # The toolkit's IPC discoverer: daemons on the host that node processes talk
 # to. The node's /run is its own tmpfs, so these are the mounts that matter.
@@ -108,6 +123,8 @@ class DeviceSet:
     source: str = SOURCE_DISCOVERED
     dev_root: str = "/dev"
     library_dirs: tuple[str, ...] = ()
+    # Set by relocated(): the node sees the driver's files below it.
+    driver_root: str | None = None
 
     def __post_init__(self) -> None:
         root = self.dev_root.rstrip("/") or "/"
@@ -125,6 +142,26 @@ class DeviceSet:
         """Where the node sees host device node ``device``: same place below /dev."""
         return "/dev/" + device[len(self.dev_root.rstrip("/")) + 1 :]
 
+    def node_mount_path(self, path: str) -> str:
+        """Where the node sees a driver file its containers get at ``path``:
+        ``path`` itself, or below :attr:`driver_root` once relocated (the
+        driver's tools flat in ``<root>/bin``). Sockets under /run and nodes
+        under /dev stay: the node's /run and /dev are its own to place them in."""
+        root = self.driver_root
+        if root is None or path.startswith(("/run/", "/dev/")):
+            return path
+        name = os.path.basename(path)
+        if name in DRIVER_BINARIES:
+            return f"{root}/bin/{name}"
+        return root + path
+
+    def relocated(self, root: str = DRIVER_ROOT) -> DeviceSet:
+        """This set for nodes that boot from the node image: the driver's
+        files go below ``root`` in the node (see the module docstring)."""
+        if not root.startswith("/run/") or ".." in root.split("/"):
+            raise ValueError(f"driver root {root!r} must be below /run (the node's own tmpfs)")
+        return replace(self, driver_root=root.rstrip("/"))
+
     def merged(self, other: DeviceSet) -> DeviceSet:
         """This set plus ``other``'s device nodes and mounts (same dev_root)."""
         if other.dev_root.rstrip("/") != self.dev_root.rstrip("/"):
@@ -139,12 +176,28 @@ class DeviceSet:
         )
 
     def to_nsinit(self) -> dict[str, Any]:
-        """The marshal-able form ``_nsinit`` reads (plain lists and strings)."""
-        return {
+        """The marshal-able form ``_nsinit`` reads (plain lists and strings),
+        with node-side paths."""
+        out: dict[str, Any] = {
             "nodes": [[path, self.node_path(path)] for path in self.device_nodes],
-            "mounts": [[host, node] for host, node in self.mounts],
-            "library_dirs": list(self.library_dirs),
+            "mounts": [[host, self.node_mount_path(node)] for host, node in self.mounts],
+            "library_dirs": [self.node_mount_path(d) for d in self.library_dirs],
             "gpu_count": self.gpu_count,
+        }
+        if self.driver_root is not None:
+            out["driver_root"] = self.driver_root
+        return out
+
+    def to_node_info(self) -> dict[str, Any]:
+        """What node.json's ``devices`` says, for the node agent's device
+        plugin: the device nodes as the node sees them, each driver file as
+        [host path, node path, container path] and the library folders as
+        containers see them."""
+        return {
+            "device_nodes": [self.node_path(p) for p in self.device_nodes],
+            "mounts": [[host, self.node_mount_path(node), node] for host, node in self.mounts],
+            "library_dirs": list(self.library_dirs),
+            "driver_root": self.driver_root,
         }
 
 

@@ -17,14 +17,19 @@ as the node's root without changing a byte on disk.
 
 The helper that makes and pins namespaces is ``_userns.py``, a separate
 process: unshare(2) of a user namespace needs a single-threaded caller.
+One is kept per server process (:class:`_Helper`, its ``serve`` mode), so
+that a node's boot does not start a Python interpreter for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import select
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from gpuclusters.core.idblocks import (
@@ -37,7 +42,6 @@ from gpuclusters.core.idblocks import (
     parse_subordinate,
 )
 from gpuclusters.linux import sysmount
-from gpuclusters.linux.run import run
 
 HELPER = Path(__file__).with_name("_userns.py")
 
@@ -51,11 +55,11 @@ async def ensure(path: Path, ids: IdBlock, *, netns: Path | None = None) -> bool
         if mapped_first(path) == ids.first:
             return False
         sysmount.unmount(path)  # made for another block, or unrecorded
-    argv = [sys.executable, "-I", "-S", str(HELPER), "user", str(path), str(ids.first)]
+    args = ["user", str(path), str(ids.first)]
     if netns is not None and not sysmount.is_ns_file(netns):
         netns.parent.mkdir(parents=True, exist_ok=True)
-        argv.append(str(netns))
-    await run(argv)
+        args.append(str(netns))
+    await asyncio.to_thread(_HELPER.call, args)
     record(path, ids)
     return True
 
@@ -64,7 +68,71 @@ async def make_netns(user: Path, path: Path) -> None:
     """A network namespace owned by the pinned user namespace ``user``,
     pinned at ``path`` (``/run/netns/<name>``: ``ip netns`` finds it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    await run([sys.executable, "-I", "-S", str(HELPER), "net", str(user), str(path)])
+    await asyncio.to_thread(_HELPER.call, ["net", str(user), str(path)])
+
+
+class HelperError(OSError):
+    """The namespace helper refused or failed a request."""
+
+
+class _Helper:
+    """The kept ``_userns.py serve`` process of this process, started on
+    first use and again if it died; requests go one at a time (a lock), from
+    any thread or event loop. It ends when this process does (its input
+    closes)."""
+
+    TIMEOUT_S = 30.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", str(HELPER), "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def call(self, args: list[str]) -> None:
+        if any("\t" in a or "\n" in a for a in args):
+            raise ValueError(f"namespace helper arguments may not hold tabs or newlines: {args}")
+        request = ("\t".join(args) + "\n").encode()
+        with self._lock:
+            answer = b""
+            for _ in range(2):  # a helper found dead is started again, once
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = self._start()
+                proc = self._proc
+                assert proc.stdin is not None and proc.stdout is not None
+                try:
+                    proc.stdin.write(request)
+                    proc.stdin.flush()
+                except BrokenPipeError:
+                    self._stop()
+                    continue
+                ready, _, _ = select.select([proc.stdout], [], [], self.TIMEOUT_S)
+                if not ready:
+                    self._stop()
+                    raise HelperError(0, f"namespace helper: no answer in {self.TIMEOUT_S:.0f}s")
+                answer = proc.stdout.readline()
+                if answer:
+                    break
+                self._stop()
+        text = answer.decode(errors="replace").strip()
+        if text != "ok":
+            raise HelperError(0, f"namespace helper: {text.removeprefix('error ') or 'died'}")
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+_HELPER = _Helper()
 
 
 def idmap_refusal(paths: list[Path], first: int = DEFAULT_START) -> str | None:

@@ -23,7 +23,8 @@ preferred allocation.
   control node (nvidiactl, UVM, modeset, ``/dev/nvidia-caps*/...``; never
   another GPU's ``/dev/nvidia<N>``), the driver's files (libraries, tools
   such as nvidia-smi, firmware, sockets) bound read-only at the paths the
-  node sees them at, together with the soname links ``ldconfig`` made next
+  driver has them at on the host (a node on the node image sees them below
+  its driver root instead), together with the soname links ``ldconfig`` made next
   to the libraries (no ldconfig runs in the container), and the envs; see
   :meth:`GpuDevicePlugin._real_response` for ``CUDA_VISIBLE_DEVICES`` and
   ``LD_LIBRARY_PATH``.
@@ -50,7 +51,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -75,6 +76,7 @@ OPTIONAL_DEVICES = ("nvidia-uvm", "nvidia-uvm-tools")
 DeviceState = tuple[tuple[str, str], ...]  # ((uuid, health), ...) in index order
 
 _GPU_NODE = re.compile(r"^nvidia\d+$")
+_T = TypeVar("_T")
 _SHARED_OBJECT = re.compile(r"\.so(\.[0-9.]+)?$")
 # Directories the dynamic loader searches without being told (glibc's system
 # directories: the multiarch ones on Debian and Ubuntu, lib64 on Red Hat's
@@ -96,7 +98,7 @@ DEFAULT_LOADER_DIRS = frozenset(
 )
 
 
-def _unique(items: Iterable[str]) -> list[str]:
+def _unique(items: Iterable[_T]) -> list[_T]:
     return list(dict.fromkeys(items))
 
 
@@ -110,20 +112,25 @@ def _node_path(value: Any, what: str) -> str:
 class NodeDevices:
     """The host's real GPU devices as this node sees them: node.json's
     ``devices``, written by the netns provider from the host's ``DeviceSet``.
-    ``device_nodes`` are below /dev; ``mounts`` are the paths the node sees
-    the driver's files at (containers get them at the same paths);
-    ``library_dirs`` the folders the driver's libraries are in (the CDI
-    spec's ``update-ldcache`` folders; empty: the mounted libraries' own)."""
+    ``device_nodes`` are below /dev; ``mounts`` pair the path the node sees
+    a driver file at with the path containers get it at (the same, but on a
+    node whose driver files were relocated below ``driver_root``);
+    ``library_dirs`` the folders the driver's libraries are in, as
+    containers see them (the CDI spec's ``update-ldcache`` folders; empty:
+    the mounted libraries' own)."""
 
     device_nodes: tuple[str, ...] = ()
-    mounts: tuple[str, ...] = ()
+    mounts: tuple[tuple[str, str], ...] = ()
     library_dirs: tuple[str, ...] = ()
+    driver_root: str | None = None
 
     @classmethod
     def from_node_info(cls, data: Any) -> NodeDevices:
         """From node.json's ``devices``: ``{"device_nodes": [path, ...],
-        "mounts": [[host path, node path], ...], "library_dirs": [dir, ...]}``.
-        Raises ValueError when it is not that."""
+        "mounts": [[host path, node path, container path], ...] (the
+        container path may be left out: the node path), "library_dirs":
+        [dir, ...], "driver_root": dir or null}``. Raises ValueError when it
+        is not that."""
         if not isinstance(data, Mapping):
             raise ValueError(f"devices is not a mapping: {type(data).__name__}")
         nodes, mounts, dirs = (
@@ -136,16 +143,33 @@ class NodeDevices:
         for path in nodes:
             if not _node_path(path, "device node").startswith("/dev/"):
                 raise ValueError(f"device node {path!r} is not below /dev")
-        node_paths = []
-        for pair in mounts:
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise ValueError(f"mount {pair!r} is not a [host path, node path] pair")
-            node_paths.append(_node_path(pair[1], "mount path"))
+        pairs = []
+        for entry in mounts:
+            if not isinstance(entry, list) or len(entry) not in (2, 3):
+                raise ValueError(
+                    f"mount {entry!r} is not a [host path, node path, container path] list"
+                )
+            node = _node_path(entry[1], "mount path")
+            pairs.append((node, _node_path(entry[-1], "container path")))
+        root = data.get("driver_root")
         return cls(
             device_nodes=tuple(_unique(nodes)),
-            mounts=tuple(_unique(node_paths)),
+            mounts=tuple(_unique(pairs)),
             library_dirs=tuple(_unique(_node_path(d, "library dir") for d in dirs)),
+            driver_root=None if root is None else _node_path(root, "driver root").rstrip("/"),
         )
+
+    def container_path(self, node_path: str) -> str:
+        """Where containers get a file the node has at ``node_path``: its
+        mount's container path, else (a soname link ldconfig made in the
+        node) the path below the driver root, else the same path."""
+        for node, container in self.mounts:
+            if node == node_path:
+                return container
+        root = self.driver_root
+        if root is not None and node_path.startswith(root + "/"):
+            return node_path[len(root) :]
+        return node_path
 
     def control_nodes(self) -> list[str]:
         """The NVIDIA device nodes every GPU container gets: all below
@@ -163,7 +187,7 @@ class _DriverEdits:
     """What every real-GPU container gets besides its GPUs' device nodes."""
 
     devices: tuple[tuple[str, str], ...]  # (container path, node path)
-    mounts: tuple[str, ...]
+    mounts: tuple[tuple[str, str], ...]  # (container path, node path)
     ld_library_path: str
 
 
@@ -314,18 +338,19 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
             node = self._dev_dir / path[len("/dev/") :]
             if node.exists():
                 devices.append((path, str(node)))
-        files = [m for m in self._devices.mounts if os.path.exists(m)]
+        files = [node for node, _ in self._devices.mounts if os.path.exists(node)]
         files = _unique([*files, *_soname_links(files)])
-        mounted_dirs = {os.path.dirname(f) for f in files}
+        mounts = [(self._devices.container_path(f), f) for f in files]
+        mounted_dirs = {os.path.dirname(c) for c, _ in mounts}
         lib_dirs = self._devices.library_dirs or _unique(
-            os.path.dirname(f) for f in files if _SHARED_OBJECT.search(os.path.basename(f))
+            os.path.dirname(c) for c, _ in mounts if _SHARED_OBJECT.search(os.path.basename(c))
         )
         extra_dirs = [
             d.rstrip("/")
             for d in lib_dirs
             if d.rstrip("/") in mounted_dirs and d.rstrip("/") not in DEFAULT_LOADER_DIRS
         ]
-        return _DriverEdits(tuple(devices), tuple(files), ":".join(_unique(extra_dirs)))
+        return _DriverEdits(tuple(devices), tuple(mounts), ":".join(_unique(extra_dirs)))
 
     def _real_response(
         self, gpus: list[GpuInfo], edits: _DriverEdits
@@ -352,8 +377,10 @@ class GpuDevicePlugin(pb_grpc.DevicePluginServicer):
             out.devices.append(
                 pb.DeviceSpec(container_path=container_path, host_path=node_path, permissions="rw")
             )
-        for path in edits.mounts:
-            out.mounts.append(pb.Mount(container_path=path, host_path=path, read_only=True))
+        for container_path, node_path in edits.mounts:
+            out.mounts.append(
+                pb.Mount(container_path=container_path, host_path=node_path, read_only=True)
+            )
         return out
 
     def _container_response(self, gpus: list[GpuInfo]) -> pb.ContainerAllocateResponse:

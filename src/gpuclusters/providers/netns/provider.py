@@ -116,7 +116,11 @@ class NetnsNodeProvider(NodeProvider):
         if config.image is not None:
             nodeimage.check(config.image)
             config = dataclasses.replace(
-                config, shares=tuple(p for p in config.shares if not nodeimage.hidden_by_image(p))
+                config,
+                shares=tuple(p for p in config.shares if not nodeimage.hidden_by_image(p)),
+                # The image's /usr knows no driver: its files go below the
+                # node's own driver root (linux/devices.py).
+                devices=config.devices.relocated() if config.devices is not None else None,
             )
         self._cfg = config
         if config.userns:
@@ -418,11 +422,7 @@ class NetnsNodeProvider(NodeProvider):
             if devices is not None:
                 # The host's devices as the node sees them (node-side paths),
                 # for the node agent's device plugin to hand to containers.
-                info["devices"] = {
-                    "device_nodes": [devices.node_path(p) for p in devices.device_nodes],
-                    "mounts": [[host_path, node] for host_path, node in devices.mounts],
-                    "library_dirs": list(devices.library_dirs),
-                }
+                info["devices"] = devices.to_node_info()
         return NodeBoot(
             layout=rec.layout,
             hostname=rec.hostname,
