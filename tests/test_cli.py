@@ -918,3 +918,27 @@ def test_inject_fault_auto_repair_and_repair_policy(api: FakeApi) -> None:
     assert json.loads(api.requests[-1].content) == {
         "repair": {"automatic": ["ecc_dbe", "xid"], "max_wait_s": 0}
     }
+
+
+def test_up_serves_the_api_over_tls_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`gpuclusters up` turns TLS on (the image registry the README's
+    examples pull from needs it); GPUCLUSTERS_TLS, when set, decides."""
+    from gpuclusters.cli import server as server_cli
+
+    calls: list[dict[str, Any]] = []
+    fake = types.SimpleNamespace(run=lambda **kw: calls.append(kw))
+    monkeypatch.setattr(server_cli.importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(server_cli.os, "geteuid", lambda: 0)
+    monkeypatch.delenv("GPUCLUSTERS_TLS", raising=False)
+    runner = CliRunner()
+    assert runner.invoke(app, ["up"]).exit_code == 0
+    assert calls[-1]["tls_mode"] == "on" and calls[-1]["provider"] == "netns"
+    monkeypatch.setenv("GPUCLUSTERS_TLS", "auto")
+    assert runner.invoke(app, ["up"]).exit_code == 0
+    assert "tls_mode" not in calls[-1]  # the server reads the variable itself
+    # `server` leaves TLS to the settings (auto: on with a public host).
+    monkeypatch.delenv("GPUCLUSTERS_TLS")
+    assert runner.invoke(app, ["server"]).exit_code == 0
+    assert "tls_mode" not in calls[-1]

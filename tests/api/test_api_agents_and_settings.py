@@ -7,9 +7,9 @@ import asyncio
 
 from sqlalchemy import select
 
-from conftest import ApiHarness
 from gpuclusters.server.db.models import Cluster, Node, User
 from gpuclusters.server.security.keys import hash_key
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import ApiHarness
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

@@ -17,12 +17,12 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from conftest import ApiHarness
 from gpuclusters.core import kubeconfig
 from gpuclusters.core.enums import ClusterType
 from gpuclusters.layers.base import ClusterRef, LayerError
 from gpuclusters.layers.kubernetes import pki
 from gpuclusters.layers.noop.layer import NoopLayer
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 SERVER = "https://127.0.0.1:6443"

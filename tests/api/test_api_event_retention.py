@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from conftest import ApiHarness
 from gpuclusters.server.controllers.housekeeping import expire_events
 from gpuclusters.server.db.models import NodeEvent, utcnow
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from conftest import ApiHarness
 from gpuclusters.core.health import rules
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.alerts import apply_findings, note_missed_heartbeats
 from gpuclusters.server.db.models import Alert, Node, Remediation, utcnow
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 ECC = {"kind": "ecc_dbe", "severity": "critical", "message": "GPU 2: 1 double-bit ECC error(s)",

@@ -26,12 +26,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from sqlalchemy import select, update
 
-from conftest import ApiHarness
 from gpuclusters.providers.hosts.provider import HostEndpoint
 from gpuclusters.server.controllers.housekeeping import sweep_unreachable_hosts
 from gpuclusters.server.db.hosts import DbHostDirectory
 from gpuclusters.server.db.models import Host, HostJoinToken, Node, utcnow
 from gpuclusters.server.security.keys import hash_key
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 AGENT = "gpu-a1"

@@ -7,10 +7,10 @@ import asyncio
 
 from sqlalchemy import select
 
-from conftest import ApiHarness
 from gpuclusters.providers.base import NodeSpec
 from gpuclusters.server.controllers.housekeeping import check_running_nodes, collect_orphans
 from gpuclusters.server.db.models import Node
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

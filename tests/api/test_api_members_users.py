@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from conftest import ApiHarness
 from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_users
 from gpuclusters.server.db.models import ApiKey, Cluster, Project, ProjectMember, SshKey, User
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services import tenancy
+from support.api import ApiHarness
 
 
 async def _key(api: ApiHarness, *, user: str, project: str, role: str = "editor") -> str:

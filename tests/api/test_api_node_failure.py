@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ApiHarness
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from conftest import ApiHarness
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ApiHarness
+from support.api import ApiHarness
 from support.fleets import four_hosts
 
 P = "/v1/projects/default"

@@ -16,9 +16,9 @@ from typing import Any
 import jwt
 import pytest
 
-from conftest import ApiHarness
 from gpuclusters.server.registry_daemon import RegistryRuntime
 from gpuclusters.server.security.registry_tokens import SERVICE, ensure_registry_keys
+from support.api import ApiHarness
 
 TOKEN = "/v1/registry/token"
 

@@ -20,7 +20,6 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import func, select
 
-from conftest import ApiHarness
 from gpuclusters.core import sshca
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.db.models import (
@@ -32,6 +31,7 @@ from gpuclusters.server.db.models import (
     User,
 )
 from gpuclusters.server.db.ssh import org_authority
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 GATEWAY = "gw.example.test"

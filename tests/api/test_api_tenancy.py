@@ -7,8 +7,8 @@ import stat
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from conftest import ApiHarness
 from gpuclusters.core.clientconfig import config_path
+from support.api import ApiHarness
 
 
 async def _key(api: ApiHarness, *, user: str, project: str, role: str) -> str:

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from conftest import ApiHarness
 from gpuclusters.server.routers import console
+from support.api import ApiHarness
 
 P = "/v1/projects/default"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # fixtures' types; the classes live in this directory's conftest
-    from conftest import ServerHandle
+    from support.servers import ServerHandle
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ import playwright.sync_api as playwright_api
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 CHROMIUM = shutil.which("chromium")
 

@@ -20,7 +20,7 @@ import pytest
 from support.fleets import four_hosts
 
 if TYPE_CHECKING:  # fixtures' types; the classes live in this directory's conftest
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = pytest.mark.slow
 

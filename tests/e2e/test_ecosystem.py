@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conftest import wait_for
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.server.settings import Settings
+from support.servers import wait_for
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 KUBECTL = DEFAULT_BIN_DIR / "kubectl"
 IMAGES = Settings().images_cache

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the netns provider needs root"),

@@ -30,7 +30,7 @@ from support.debian_hosts import DebianHost, DebianHosts
 from support.processes import free_port
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = [
     pytest.mark.slow,

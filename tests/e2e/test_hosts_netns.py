@@ -25,7 +25,7 @@ from support.nshosts import NsHost, NsHosts
 from support.processes import free_port
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = pytest.mark.slow
 
@@ -290,8 +290,15 @@ def test_a_host_whose_agent_dies_becomes_unreachable_and_nothing_is_deleted(lab:
         lambda: lab.host("gpu-c")["agent_status"] == "unreachable",
         timeout=AGENT_TIMEOUT_S + 30,
     )
-    # Placement skips it; its node is still the cluster's, still there.
-    time.sleep(5)  # housekeeping passes with the host silent
+
+    # Its node's agent falls silent with it (its heartbeats go through the
+    # host agent): housekeeping opens a heartbeat_missed alert on the node,
+    # and deletes nothing: the node is still the cluster's, still there.
+    def missed() -> bool:
+        alerts = lab.json("alerts", "list", "--cluster", "y")
+        return any(a["kind"] == "heartbeat_missed" and a["node"] == before["name"] for a in alerts)
+
+    lab.server.wait_for("y's node's heartbeat_missed alert", missed, timeout=90)
     (after,) = lab.nodes("y")
     assert after["name"] == before["name"] and after["phase"] not in ("deleted", "failed")
     state = json.loads((c.home / "netns-provider.json").read_text())

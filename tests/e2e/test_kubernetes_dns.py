@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conftest import wait_for
 from gpuclusters.layers.kubernetes import addons
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.linux.layout import NodeLayout
+from support.servers import wait_for
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 KUBECTL = DEFAULT_BIN_DIR / "kubectl"
 ADDONS = addons.DEFAULT_BIN_DIR

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from netlab import Laptop
 
-from conftest import wait_for
 from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.server.settings import Settings
+from support.servers import wait_for
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [

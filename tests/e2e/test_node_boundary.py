@@ -32,7 +32,7 @@ from netlab import Laptop
 from support.processes import free_port
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root"),

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ import pytest
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 KUBECTL = DEFAULT_BIN_DIR / "kubectl"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "checkpointing" / "k8s-job.yaml"
@@ -87,7 +86,16 @@ def test_preempted_pod_checkpoints_and_the_job_resumes(
                     timeout=120)  # fmt: skip
     pods = kjson(kubeconfig, "get", "pods", "-l", "job-name=ckpt-demo")["items"]
     assert [p["spec"]["nodeName"] for p in pods] == [victim["name"]]
-    time.sleep(3)  # let it make some progress worth checkpointing
+
+    def progressed() -> bool:
+        # The Job prints each step it finishes: reclaim once it is past 2.
+        logs = subprocess.run(
+            [str(KUBECTL), f"--kubeconfig={kubeconfig}", "logs", "job/ckpt-demo"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        return "step=2" in logs.stdout.split()
+
+    server.wait_for("the Job's second step", progressed, timeout=60)
 
     ok(server, "hosts", "reclaim", victim["host"])
 

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from netlab import Laptop, Outside, sh
 
+from gpuclusters.layers import ssh as ssh_layer
 from support.processes import free_port
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root"),
@@ -285,9 +286,21 @@ def test_revocations_stop_new_logins_within_a_minute(world: World) -> None:
     _until_login(world, "alice", world.keys["alice"], works=False)
     assert world.ok("clusters", "ssh", "demo", "--", "id", "-un").strip() == "alice"
     # A deleted user: certificates are no longer issued and the account's
-    # principals are gone from the nodes.
+    # principals are gone from the nodes (each node's sshd reads them there).
+    nodes = [n["name"] for n in world.cluster["nodes"]]
+
+    def principal_files() -> list[str]:
+        probe = f"test -e {ssh_layer.PRINCIPALS_DIR}/alice && echo present || echo absent"
+        return [
+            world.admin("clusters", "ssh", "demo", "--as-root", "--node", node, "--",
+                        "sh", "-c", probe).strip()
+            for node in nodes
+        ]  # fmt: skip
+
+    assert principal_files() == ["present"] * len(nodes)  # so the check below can fail
     world.admin("users", "delete", "alice")
     assert world.cli("clusters", "ssh", "demo", "--", "id").returncode != 0
+    _until(lambda: principal_files() == ["absent"] * len(nodes), timeout=REVOKE_WITHIN_S)
 
 
 def test_egress_is_switchable_and_clusters_stay_isolated(world: World) -> None:

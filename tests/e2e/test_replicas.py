@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from support.postgres import PostgresServer
 
 if TYPE_CHECKING:  # fixtures' types; the classes live in this directory's conftest
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

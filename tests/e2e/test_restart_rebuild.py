@@ -1,6 +1,8 @@
 """After a restart, nodes whose instance vanished while the server was down
-(a host reboot wipes the embedded fleet's namespaces) are rebuilt in place:
-same node, same host, new instance; the cluster ends ready again."""
+are rebuilt in place: same node, same host, new instance; the cluster ends
+ready again. This is the controllers' side, on the fake provider (an
+instance deleted from its file); a real reboot of the embedded fleet, with
+Slurm and the shared volume, is tests/e2e/test_reboot_netns.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import Servers
+    from support.servers import Servers
 
 pytestmark = pytest.mark.slow
 P = "/v1/projects/default"

@@ -21,7 +21,7 @@ import pytest
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 
 if TYPE_CHECKING:
-    from conftest import ServerHandle, Servers
+    from support.servers import ServerHandle, Servers
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,9 +1,9 @@
 """``stack`` against real daemons in the prototype's namespaces.
 
-Needs root and Debian's slurm-wlm, slurmdbd, munge and mariadb-server; skipped
-otherwise, or when the prototype's namespaces are already in use. The nodes come
-from ``scripts/setup-slurm-proto nodes`` (removed again by ``down``); phase 2
-moves this onto the netns provider's NodeShell.
+Needs root and Debian's slurm-wlm, slurmdbd, munge and mariadb-server
+(scripts/setup installs them). The nodes come from
+``scripts/setup-slurm-proto nodes`` (removed again by ``down``; a prototype
+left up is taken down first).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ pytestmark = [
         not all(shutil.which(b) for b in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd")),
         reason="Slurm/munge/MariaDB packages not installed",
     ),
-    pytest.mark.skipif(Path("/run/netns/gpct-ctl").exists(), reason="prototype namespaces in use"),
 ]
 
 
@@ -57,9 +56,10 @@ PROTO_PATHS = SlurmPaths(mysql_datadir="/var/lib/mysql")
 def proto_nodes() -> Iterator[None]:
     """Bare nodes from the prototype script; everything is removed afterwards.
 
-    `down` runs first as well: a run killed mid-test (no fixture teardown) leaves
-    the script's /tmp/gpct-* directories, whose /etc upper layers already hold the
-    job user, and the next `nodes` would stop on useradd.
+    `down` runs first as well: a run killed mid-test (no fixture teardown), or
+    `scripts/setup-slurm-proto up` left running, leaves the script's namespaces
+    and /tmp/gpct-* directories (whose /etc upper layers already hold the job
+    user, so the next `nodes` would stop on useradd). Cleaned, never skipped.
     """
     subprocess.run([str(PROTO), "down"], check=False, capture_output=True)
     try:

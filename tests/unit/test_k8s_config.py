@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from typing import Any
 
@@ -93,10 +95,34 @@ def test_kube_proxy_config() -> None:
     assert conf["clientConnection"]["kubeconfig"] == f"{cfg.ETC}/kube-proxy.conf"
 
 
-def test_node_files_are_deterministic() -> None:
-    assert cfg.kubelet_config(SPEC, NODE) == cfg.kubelet_config(SPEC, NODE)
-    assert cfg.containerd_config(SPEC) == cfg.containerd_config(SPEC)
-    assert cfg.cni_conflist(NODE) == cfg.cni_conflist(NODE)
+_RENDER_NODE_FILES = """
+import sys
+from gpuclusters.layers.kubernetes import config as cfg
+spec = cfg.K8sSpec(cluster_name="k1", api_address="10.231.3.2", api_hostname="k1-cp")
+node = cfg.K8sNode(name="k1-gpu-0", address="10.231.3.17", cgroup_root="/gpc-abc123",
+                   labels={"b.example/x": "2", "a.example/y": "1"})
+sys.stdout.write(cfg.kubelet_config(spec, node) + cfg.containerd_config(spec)
+                 + cfg.cni_conflist(node))
+"""
+
+
+def test_node_files_are_the_same_in_every_process() -> None:
+    """The files a node gets are compared byte for byte on every reconcile
+    (a changed file restarts its daemon), by servers whose string hashing
+    differs: rendered in processes with different hash seeds (set and dict
+    orders of strings can differ between them), they must not."""
+    outputs = set()
+    for seed in ("1", "2", "3"):
+        done = subprocess.run(
+            [sys.executable, "-c", _RENDER_NODE_FILES],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        outputs.add(done.stdout)
+    here = cfg.kubelet_config(SPEC, NODE) + cfg.containerd_config(SPEC) + cfg.cni_conflist(NODE)
+    assert outputs == {here}
 
 
 def test_containerd_config_is_toml_with_our_settings() -> None:

@@ -323,6 +323,11 @@ def scale(
             "--reservation-end", help="extend a reservation (ISO 8601)", show_default=False
         ),
     ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="wait until ready again (a scale-up's nodes joined)"),
+    ] = False,
+    wait_timeout: WaitTimeoutOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
@@ -342,6 +347,22 @@ def scale(
         )
     with open_client(project) as client:
         cluster = client.clusters.update(name, changes)
+        if wait:
+            # A scale-up leaves the cluster waiting for its new nodes at
+            # once (the update says so); a scale-down keeps it ready while
+            # the removed nodes drain.
+            with WaitProgress(name, goal="ready") as progress:
+                progress.update(cluster)
+                cluster = client.clusters.wait(
+                    name,
+                    until="ready",
+                    on_change=progress.update,
+                    timeout=wait_timeout,
+                    interval=context.POLL_INTERVAL_S,
+                )
+                progress.done(
+                    f"cluster {name} is {cluster.status.value}: {node_summary(cluster.nodes)}"
+                )
     _show(output, cluster)
 
 

@@ -51,8 +51,9 @@ EMBEDDED_PROVIDER = "netns"
 def _run(**options: object) -> None:
     """Call the server's ``run`` with the options set; an unset
     ``public_host`` is left out, so the server's settings decide."""
-    if options.get("public_host") is None:
-        options.pop("public_host", None)
+    for name in ("public_host", "tls_mode"):
+        if options.get(name) is None:
+            options.pop(name, None)
     module = importlib.import_module(SERVER_MODULE)
     module.run(**options)
 
@@ -94,10 +95,22 @@ def up(
 ) -> None:
     """Start gpuclusters on the embedded fleet (nodes made of Linux
     namespaces on this machine) and say what to do next. Needs root.
-    Ctrl-C stops it; clusters come back at the next start."""
+    The API is served over TLS too (GPUCLUSTERS_TLS=auto or off to change
+    that), which the image registry clusters pull from needs. Ctrl-C stops
+    it; clusters come back at the next start."""
     if os.geteuid() != 0:
         raise typer.BadParameter(
             "the embedded fleet makes Linux namespaces, which needs root (try sudo)",
             param_hint="up",
         )
-    _run(host=None, port=port, provider=EMBEDDED_PROVIDER, public_host=public_host, announce=True)
+    # Without TLS there is no image registry, and no cluster could run the
+    # README's examples (their images come from it).
+    tls_mode = None if os.environ.get("GPUCLUSTERS_TLS") else "on"
+    _run(
+        host=None,
+        port=port,
+        provider=EMBEDDED_PROVIDER,
+        public_host=public_host,
+        tls_mode=tls_mode,
+        announce=True,
+    )

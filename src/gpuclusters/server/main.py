@@ -129,9 +129,12 @@ def run(
     port: int | None,
     provider: str | None,
     public_host: str | None = None,
+    tls_mode: str | None = None,
     announce: bool = False,
 ) -> None:
     overrides: dict[str, Any] = {}
+    if tls_mode is not None:
+        overrides["tls"] = tls_mode
     if host is not None:
         overrides["host"] = host
     if port is not None:

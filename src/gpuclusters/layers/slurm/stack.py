@@ -232,18 +232,25 @@ async def join_compute(
     slurmctld lists it as responding with the slurmd we started (or found running).
 
     A slurmd that runs but is unknown to slurmctld (the node was deleted with
-    ``scontrol delete``; a dynamic slurmd registers only at start) is restarted."""
+    ``scontrol delete``; a dynamic slurmd registers only at start) is restarted.
+    On a node that booted afresh, the jobs slurmctld still counts there are
+    ended once slurmd is back (:func:`end_lost_jobs`)."""
     name = node.hostname
     await _ensure_dirs(node, cfg.compute_directories(spec))
     await ensure_munge(node, spec, munge_key=munge_key)
     await _write_scripts(node, spec)
     argv = cfg.slurmd_argv(spec, node_name=name, features=features)
     not_before = 0
+    booted = False
     if await node.is_running(cfg.SLURMD):
         current = await get_node(controller, name)
         if current is None or not current.responding:
             await node.stop(cfg.SLURMD)
     if not await node.is_running(cfg.SLURMD):
+        # No slurmd and no job step either: the node's processes all went
+        # (a reboot, a lost instance rebuilt), not slurmd alone.
+        stepd = await node.run(["pgrep", "-x", "slurmstepd"], check=False)
+        booted = stepd.returncode != 0
         not_before = await _node_clock(node)
         await node.spawn(cfg.SLURMD, argv)
 
@@ -253,7 +260,30 @@ async def join_compute(
             return None
         return n
 
-    return await wait_for(registered, what=f"slurmd on {name} to register", timeout_s=timeout_s)
+    found = await wait_for(registered, what=f"slurmd on {name} to register", timeout_s=timeout_s)
+    if booted:
+        await end_lost_jobs(controller, name)
+    return found
+
+
+async def end_lost_jobs(controller: NodeShell, name: str) -> list[int]:
+    """End the jobs slurmctld still counts on ``name`` after the node booted
+    afresh; returns their ids. Slurm cannot tell by itself: a node shares
+    its host's kernel, so its boot time did not change, and an interactive
+    allocation whose ``srun`` died with the login node is never reported
+    gone (``InactiveLimit`` is unset), so the job would hold the node, and
+    a drain or a delete would wait, for ever. Batch jobs are requeued
+    (``JobRequeue=1``: they run again from their start, or their own
+    checkpoint), the others cancelled; a job on several nodes goes whole,
+    as its part here is dead."""
+    lost = active_jobs_on(await list_jobs(controller), name)
+    for job in lost:
+        r = await controller.run(["scontrol", "requeue", str(job.job_id)], check=False)
+        if r.returncode != 0:
+            await controller.run(["scancel", str(job.job_id)], check=False)
+    if lost:
+        log.info("node %s booted afresh: ended its lost jobs %s", name, [j.job_id for j in lost])
+    return [j.job_id for j in lost]
 
 
 # --- queries ----------------------------------------------------------------------------------
