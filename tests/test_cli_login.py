@@ -404,6 +404,7 @@ def test_server_and_up_pass_public_host_on(
             "port": None,
             "provider": "netns",
             "public_host": "10.229.0.1",
+            "tls_mode": "on",  # up serves TLS (the registry needs it)
             "announce": True,
         },
     ]

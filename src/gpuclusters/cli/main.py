@@ -59,6 +59,7 @@ app.command("whoami")(org.whoami)
 app.command("login")(login.login)
 app.command("server")(server.server)
 app.command("up")(server.up)
+app.command("down")(server.down)
 
 
 def _version(value: bool) -> None:

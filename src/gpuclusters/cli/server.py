@@ -8,7 +8,7 @@ entry point from the CLI into the server. Options left unset are passed as
 providers it has, so the CLI keeps no list of its own to drift.
 
 ``--public-host`` (``GPUCLUSTERS_PUBLIC_HOST``) names where users reach this
-machine; with it the server also serves the API over TLS (README, "API over
+machine; with it the server also serves the API over TLS (docs/operators.md, "API over
 TLS"). It is passed on only when set (the server reads the same variable).
 """
 
@@ -92,6 +92,15 @@ def up(
     *,
     port: PortOpt = None,
     public_host: PublicHostOpt = None,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            "-d",
+            help="run in the background (log: $GPUCLUSTERS_HOME/server.log) and return once "
+            "it answers; `gpuclusters down` stops it",
+        ),
+    ] = False,
 ) -> None:
     """Start gpuclusters on the embedded fleet (nodes made of Linux
     namespaces on this machine) and say what to do next. Needs root.
@@ -103,6 +112,25 @@ def up(
             "the embedded fleet makes Linux namespaces, which needs root (try sudo)",
             param_hint="up",
         )
+    if detach:
+        lifecycle = importlib.import_module("gpuclusters.cli.lifecycle")
+        home = lifecycle.default_home()
+        running = lifecycle.running_servers(home)
+        url = lifecycle.server_url(home, port)
+        if running:
+            typer.echo(f"gpuclusters already runs for {home} (pid {running[0]}): {url}")
+            return
+        argv = ["up"]
+        if port is not None:
+            argv += ["--port", str(port)]
+        if public_host is not None:
+            argv += ["--public-host", public_host]
+        pid = lifecycle.start_detached(argv, home, url)
+        typer.echo(
+            f"gpuclusters is up (pid {pid}): {url}; log {home / lifecycle.LOG_NAME}; "
+            "`gpuclusters down` stops it"
+        )
+        return
     # Without TLS there is no image registry, and no cluster could run the
     # README's examples (their images come from it).
     tls_mode = None if os.environ.get("GPUCLUSTERS_TLS") else "on"
@@ -114,3 +142,25 @@ def up(
         tls_mode=tls_mode,
         announce=True,
     )
+
+
+@api_command
+def down(
+    *,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge",
+            help="first delete every cluster and volume (their data is gone), then stop, "
+            "then remove the host's iptables chains and restore ip_forward",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="seconds to wait for each step")
+    ] = 600.0,
+) -> None:
+    """Stop the server of this GPUCLUSTERS_HOME (nodes keep running, and the
+    next `gpuclusters up` adopts them); --purge leaves nothing behind."""
+    if os.geteuid() != 0:
+        raise typer.BadParameter("the server runs as root: stopping it needs root (try sudo)")
+    importlib.import_module("gpuclusters.cli.lifecycle").down(purge, timeout)

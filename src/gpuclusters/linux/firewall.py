@@ -34,6 +34,8 @@ idempotent.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -230,12 +232,67 @@ async def close_node_services(ports: Sequence[int]) -> None:
                 pass
 
 
+# What ip_forward was before the first server turned it on (kept on /run,
+# which a reboot empties as it resets the setting): remove_base puts it back.
+FORWARD_BEFORE = "/run/gpuclusters/ip_forward.before"
+
+
 def _enable_forwarding() -> None:
     with open(IP_FORWARD) as f:
-        if f.read().strip() == "1":
-            return
+        before = f.read().strip()
+    if before == "1":
+        return
+    os.makedirs(os.path.dirname(FORWARD_BEFORE), exist_ok=True)
+    if not os.path.exists(FORWARD_BEFORE):
+        with open(FORWARD_BEFORE, "w") as f:
+            f.write(before + "\n")
     with open(IP_FORWARD, "w") as f:
         f.write("1\n")
+
+
+_CLUSTER_CHAIN = re.compile(r"^:(GPC[FNP]-\S+) ", re.M)
+
+
+async def cluster_chains() -> list[str]:
+    """The per-cluster chains on this machine (any server's)."""
+    found: list[str] = []
+    for table in ("filter", "nat"):
+        done = await run(["iptables-save", "-t", table], timeout_s=20)
+        found += _CLUSTER_CHAIN.findall(done.stdout.decode())
+    return found
+
+
+async def remove_base() -> bool:
+    """Undo :func:`ensure_base` (``gpuclusters down --purge``): the hooks,
+    the fixed and shared chains, and ip_forward as it was before. Only when
+    no cluster's chains remain (another server's clusters need the base);
+    returns whether it was removed."""
+    async with _lock:
+        if await cluster_chains():
+            return False
+        for table, chain, rule in _HOOKS:
+            while await _ipt(table, "-D", chain, *rule, check=False):
+                pass
+        for table, chain in (
+            ("filter", _FIXED["filter"][0]),
+            ("filter", _FIXED_INPUT[0]),
+            *_SHARED,
+        ):
+            if await _ipt(table, "-F", chain, check=False):
+                await _ipt(table, "-X", chain, check=False)
+        await asyncio.to_thread(_restore_forwarding)
+    return True
+
+
+def _restore_forwarding() -> None:
+    try:
+        with open(FORWARD_BEFORE) as f:
+            before = f.read().strip()
+    except FileNotFoundError:
+        return
+    with open(IP_FORWARD, "w") as f:
+        f.write(before + "\n")
+    os.unlink(FORWARD_BEFORE)
 
 
 class PortConflictError(RuntimeError):

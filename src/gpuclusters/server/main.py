@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 import uvicorn
 from pydantic import ValidationError as SettingsValidationError
 
+from gpuclusters.core.serverpids import server_pid_file
 from gpuclusters.providers.fleet import FleetFileError
 from gpuclusters.providers.registry import PROVIDERS
 from gpuclusters.server.app import create_app
@@ -215,6 +216,11 @@ def run(
                 ca_note = f"; CA {tls.ca_file}, SHA-256 {fingerprint(tls.ca_file.read_bytes())}"
         log.info("the API over TLS: %s%s", settings.tls_url, ca_note)
     server = _MainServer(config, companions)
+    # `gpuclusters down` finds the servers of this home by these files
+    # (replicas may share a home: one file each).
+    pid_file = server_pid_file(settings.home, os.getpid())
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(f"{settings.port}\n")
     try:
         server.run(sockets=[tcp, agent_socket(settings.home)])
     except KeyboardInterrupt:
@@ -223,6 +229,8 @@ def run(
         pass
     except FleetFileError as exc:
         sys.exit(f"error [invalid_input]: {exc}")
+    finally:
+        pid_file.unlink(missing_ok=True)
     if not server.started:
         sys.exit("error [unavailable]: the server did not start; see the log above")
     if server.companion_failed:

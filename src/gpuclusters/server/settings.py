@@ -71,7 +71,7 @@ class Settings(BaseSettings):
         "database; revocations reach every node within this (plus a node round trip)",
     )
 
-    # The API over TLS (README "API over TLS"), next to the plain listener on host:port.
+    # The API over TLS (docs/operators.md "API over TLS"), next to the plain listener on host:port.
     tls: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="serve the API over HTTPS on tls_host:tls_port; auto: when public_host is set",
