@@ -53,6 +53,7 @@ from gpuclusters.cli.render import (
     state,
     table,
 )
+from gpuclusters.client import Client
 from gpuclusters.client.errors import UnexpectedResponseError
 from gpuclusters.core import kubeconfig
 from gpuclusters.core.enums import BillingType, ClusterType, NodePhase
@@ -250,19 +251,24 @@ def create(
     with open_client(project) as client:
         cluster = client.clusters.create(spec)
         if wait:
-            with WaitProgress(name, goal="ready") as progress:
-                progress.update(cluster)
-                cluster = client.clusters.wait(
-                    name,
-                    until="ready",
-                    on_change=progress.update,
-                    timeout=wait_timeout,
-                    interval=context.POLL_INTERVAL_S,
-                )
-                progress.done(
-                    f"cluster {name} is {cluster.status.value}: {node_summary(cluster.nodes)}"
-                )
+            cluster = _wait_ready(client, cluster, wait_timeout)
     _show(output, cluster)
+
+
+def _wait_ready(client: Client, cluster: Cluster, timeout: float | None) -> Cluster:
+    """Poll until ``cluster`` is ready (or failed), with progress on stderr."""
+    name = cluster.name
+    with WaitProgress(name, goal="ready") as progress:
+        progress.update(cluster)
+        cluster = client.clusters.wait(
+            name,
+            until="ready",
+            on_change=progress.update,
+            timeout=timeout,
+            interval=context.POLL_INTERVAL_S,
+        )
+        progress.done(f"cluster {name} is {cluster.status.value}: {node_summary(cluster.nodes)}")
+    return cluster
 
 
 @app.command("list")
@@ -351,18 +357,7 @@ def scale(
             # A scale-up leaves the cluster waiting for its new nodes at
             # once (the update says so); a scale-down keeps it ready while
             # the removed nodes drain.
-            with WaitProgress(name, goal="ready") as progress:
-                progress.update(cluster)
-                cluster = client.clusters.wait(
-                    name,
-                    until="ready",
-                    on_change=progress.update,
-                    timeout=wait_timeout,
-                    interval=context.POLL_INTERVAL_S,
-                )
-                progress.done(
-                    f"cluster {name} is {cluster.status.value}: {node_summary(cluster.nodes)}"
-                )
+            cluster = _wait_ready(client, cluster, wait_timeout)
     _show(output, cluster)
 
 
