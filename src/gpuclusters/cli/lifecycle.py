@@ -78,6 +78,26 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def up_detached(*, port: int | None, public_host: str | None) -> None:
+    """``gpuclusters up --detach``: start it unless a server of this home
+    runs already."""
+    home = default_home()
+    url = server_url(home, port)
+    running = running_servers(home)
+    if running:
+        typer.echo(f"gpuclusters already runs for {home} (pid {running[0]}): {url}")
+        return
+    argv = ["up"]
+    if port is not None:
+        argv += ["--port", str(port)]
+    if public_host is not None:
+        argv += ["--public-host", public_host]
+    pid = start_detached(argv, home, url)
+    typer.echo(
+        f"gpuclusters is up (pid {pid}): {url}; log {home / LOG_NAME}; `gpuclusters down` stops it"
+    )
+
+
 def start_detached(argv: list[str], home: Path, url: str) -> int:
     """Start ``gpuclusters <argv>`` in the background; its pid once it
     answers at ``url``."""

@@ -20,6 +20,7 @@ from typing import Annotated
 
 import typer
 
+from gpuclusters.cli import lifecycle
 from gpuclusters.cli.context import api_command
 
 SERVER_MODULE = "gpuclusters.server.main"
@@ -113,23 +114,7 @@ def up(
             param_hint="up",
         )
     if detach:
-        lifecycle = importlib.import_module("gpuclusters.cli.lifecycle")
-        home = lifecycle.default_home()
-        running = lifecycle.running_servers(home)
-        url = lifecycle.server_url(home, port)
-        if running:
-            typer.echo(f"gpuclusters already runs for {home} (pid {running[0]}): {url}")
-            return
-        argv = ["up"]
-        if port is not None:
-            argv += ["--port", str(port)]
-        if public_host is not None:
-            argv += ["--public-host", public_host]
-        pid = lifecycle.start_detached(argv, home, url)
-        typer.echo(
-            f"gpuclusters is up (pid {pid}): {url}; log {home / lifecycle.LOG_NAME}; "
-            "`gpuclusters down` stops it"
-        )
+        lifecycle.up_detached(port=port, public_host=public_host)
         return
     # Without TLS there is no image registry, and no cluster could run the
     # README's examples (their images come from it).
@@ -163,4 +148,4 @@ def down(
     next `gpuclusters up` adopts them); --purge leaves nothing behind."""
     if os.geteuid() != 0:
         raise typer.BadParameter("the server runs as root: stopping it needs root (try sudo)")
-    importlib.import_module("gpuclusters.cli.lifecycle").down(purge, timeout)
+    lifecycle.down(purge, timeout)
