@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 import typer
 
+from gpuclusters.cli import builds
 from gpuclusters.cli.context import open_client, stderr_console
 from gpuclusters.core.clientconfig import default_home, read_config
 from gpuclusters.core.errors import InvalidStateError
@@ -96,6 +97,10 @@ def up_detached(*, port: int | None, public_host: str | None) -> None:
     typer.echo(
         f"gpuclusters is up (pid {pid}): {url}; log {home / LOG_NAME}; `gpuclusters down` stops it"
     )
+    line = builds.current_line()
+    if line is not None:
+        # Clusters wait (waiting_for_build) for what they need of it.
+        typer.echo(f"{line}; `gpuclusters builds` shows each step")
 
 
 def start_detached(argv: list[str], home: Path, url: str) -> int:

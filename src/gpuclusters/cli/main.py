@@ -13,6 +13,7 @@ import typer
 
 from gpuclusters import __version__
 from gpuclusters.cli import (
+    builds,
     capacity,
     clusters,
     health,
@@ -60,6 +61,7 @@ app.command("login")(login.login)
 app.command("server")(server.server)
 app.command("up")(server.up)
 app.command("down")(server.down)
+app.command("builds")(builds.builds)
 
 
 def _version(value: bool) -> None:

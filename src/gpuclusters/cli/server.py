@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from gpuclusters.cli import lifecycle
+from gpuclusters.cli import builds, lifecycle
 from gpuclusters.cli.context import api_command
 
 SERVER_MODULE = "gpuclusters.server.main"
@@ -119,6 +119,9 @@ def up(
     # Without TLS there is no image registry, and no cluster could run the
     # README's examples (their images come from it).
     tls_mode = None if os.environ.get("GPUCLUSTERS_TLS") else "on"
+    # What scripts/setup still builds in the background, as it goes.
+    progress = builds.ProgressPrinter()
+    progress.start()
     _run(
         host=None,
         port=port,

@@ -21,10 +21,13 @@ class ClusterStatus(StrEnum):
 
     queued -> waiting_for_control_plane -> waiting_for_volume -> waiting_for_nodes
     -> running_acceptance_tests -> ready <-> degraded; any -> deleting -> deleted;
-    failed when the cluster cannot become ready.
+    failed when the cluster cannot become ready. waiting_for_control_plane <->
+    waiting_for_build while a part the control plane runs is still being
+    built by scripts/setup's background builder (core/builds.py).
     """
 
     QUEUED = "queued"
+    WAITING_FOR_BUILD = "waiting_for_build"
     WAITING_FOR_CONTROL_PLANE = "waiting_for_control_plane"
     WAITING_FOR_VOLUME = "waiting_for_volume"
     WAITING_FOR_NODES = "waiting_for_nodes"

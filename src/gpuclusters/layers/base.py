@@ -145,6 +145,13 @@ class ClusterLayer(ABC):
     async def delete(self, cluster: ClusterRef) -> None:
         """Stop the control plane and forget the cluster; idempotent."""
 
+    def waiting_for_builds(self) -> str | None:
+        """Why no control plane can start yet: a part it runs is still being
+        built by scripts/setup's background builder (the cluster waits in
+        ``waiting_for_build`` with this message), or None. Cheap: a file read,
+        asked at every pass while a cluster waits."""
+        return None
+
     async def apply_config(self, cluster: ClusterRef) -> None:  # noqa: B027 (optional)
         """Apply the cluster's user-settable configuration to the running
         cluster (e.g. slurm.conf extras, prolog/epilog, then reconfigure).

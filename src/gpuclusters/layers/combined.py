@@ -33,6 +33,9 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         self.slurm = slurm
         self.kubernetes = kubernetes
 
+    def waiting_for_builds(self) -> str | None:
+        return self.slurm.waiting_for_builds() or self.kubernetes.waiting_for_builds()
+
     async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
         done = await asyncio.gather(
             self.slurm.ensure_control_plane(cluster),

@@ -271,6 +271,11 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
             if rt.node_access is not None
             else None
         )
+        image_pushes = (
+            asyncio.create_task(rt.registry.daemon.push_new_images(), name="image-pushes")
+            if rt.registry is not None
+            else None
+        )
         app.state.runtime = rt
         app.state.reconcilers = reconcilers
         log.info(
@@ -284,7 +289,7 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         try:
             yield
         finally:
-            background = [t for t in (housekeeping, access_sync) if t is not None]
+            background = [t for t in (housekeeping, access_sync, image_pushes) if t is not None]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

@@ -60,6 +60,8 @@ PID_FILE = "registry.pid"
 LOG_FILE = "registry.log"
 SECRET_FILE = "http-secret"
 START_TIMEOUT_S = 20.0
+# How often the images cache is looked at for new archives (push_new_images).
+IMAGE_WATCH_S = 10.0
 # Archive names in images_cache whose repository is not their own name: the
 # images every node has had since the first version keep their names
 # (``localhost/gpuclusters-base:latest`` resolves through the registry).
@@ -369,6 +371,35 @@ class RegistryDaemon:
                 log.info("pushed %s into the registry in %.1fs", ref, time.monotonic() - start)
                 pushed.append(ref)
         return pushed
+
+    def _cache_signature(self) -> tuple[tuple[str, int, int], ...]:
+        cache = self.settings.images_cache
+        try:
+            archives = sorted(cache.glob("*_*.tar"))
+            return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in archives)
+        except OSError:
+            return ()
+
+    async def push_new_images(self, interval_s: float = IMAGE_WATCH_S) -> None:
+        """Push images as they land in ``images_cache`` while the server runs
+        (scripts/setup builds most of them in the background): a pod that
+        pulls one before then backs off and gets it at kubelet's next try."""
+        seen = await asyncio.to_thread(self._cache_signature)
+        while True:
+            await asyncio.sleep(interval_s)
+            now = await asyncio.to_thread(self._cache_signature)
+            if now == seen:
+                continue
+            try:
+                pushed = await self.push_system_images()
+            except RegistryError as exc:
+                log.warning("registry: %s (tried again when the cache changes)", exc)
+                pushed = []
+            if pushed:
+                log.info(
+                    "pushed %d new image(s) into the registry: %s", len(pushed), ", ".join(pushed)
+                )
+            seen = now
 
 
 def ca_fingerprint_dir(ca_pem: str) -> str:

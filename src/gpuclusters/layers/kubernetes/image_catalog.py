@@ -1046,11 +1046,11 @@ def state(recipe: ImageRecipe, cache: Path) -> ImageState:
 
 
 @contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
-    """One build at a time per cache (scripts/setup and a developer's run
-    may overlap)."""
+def _locked(cache: Path, recipe: ImageRecipe) -> Iterator[None]:
+    """One build of an image at a time (scripts/setup's background builder
+    and a developer's run may overlap); different images build side by side."""
     cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".lock").open("w") as lock:
+    with (cache / f".{recipe.name}_{recipe.tag}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -1178,16 +1178,16 @@ def run_cli(
         return 1 if stale else 0
 
     failed: list[str] = []
-    with _locked(cache):
-        for recipe in _select(all_recipes, args.names):
-            try:
+    for recipe in _select(all_recipes, args.names):
+        try:
+            with _locked(cache, recipe):
                 result = build_image(recipe, cache, force=args.force)
-            except ImageBuildError as exc:
-                say(f"{recipe.ref}: FAILED: {exc}")
-                failed.append(recipe.ref)
-                continue
-            if result == "up-to-date":
-                say(f"{recipe.ref}: up to date ({recipe.archive(cache)})")
+        except ImageBuildError as exc:
+            say(f"{recipe.ref}: FAILED: {exc}")
+            failed.append(recipe.ref)
+            continue
+        if result == "up-to-date":
+            say(f"{recipe.ref}: up to date ({recipe.archive(cache)})")
     if failed:
         say(f"failed: {', '.join(failed)}")
         return 1

@@ -25,7 +25,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpuclusters.builds import status as build_status
 from gpuclusters.core import kubeconfig
+from gpuclusters.core.builds import CLUSTER_ADDONS, still_building, waiting_message
 from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
 from gpuclusters.layers.accounts import ensure_accounts
@@ -100,6 +102,20 @@ class KubernetesLayer(ClusterLayer):
                 f"Kubernetes binaries missing in {self.bin_dir}: {', '.join(missing)} "
                 "(run scripts/build-k8s, or set GPUCLUSTERS_K8S_BIN)"
             )
+
+    def waiting_for_builds(self) -> str | None:
+        """CoreDNS and metrics-server, while the background builder has them
+        to build: a cluster started without them would lack them for good
+        (the add-ons start with the control plane). Missing with no builder
+        at work, they are left out as before (``_addon_installed``)."""
+        missing = [n for n in CLUSTER_ADDONS if not (self.addons_bin_dir / n).is_file()]
+        if not missing:
+            return None
+        observed = build_status.read()
+        if observed is None:
+            return None
+        waiting = still_building(observed.status, missing, alive=observed.alive)
+        return waiting_message(observed.status, waiting) if waiting else None
 
     def _addon_installed(self, name: str) -> bool:
         """Whether an add-on's binary is there. A missing one is left out

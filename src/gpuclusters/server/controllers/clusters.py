@@ -1,7 +1,8 @@
 """Cluster reconciler: walks a cluster through its states.
 
-queued -> waiting_for_control_plane -> waiting_for_volume -> waiting_for_nodes
--> running_acceptance_tests -> ready <-> degraded, and deleting -> deleted.
+queued -> waiting_for_control_plane (<-> waiting_for_build) -> waiting_for_volume
+-> waiting_for_nodes -> running_acceptance_tests -> ready <-> degraded, and
+deleting -> deleted.
 
 Node rows of standard nodes are created by the services (so capacity
 errors are answered synchronously and atomically); this reconciler only
@@ -363,7 +364,12 @@ class ClusterReconciler(SteppedReconciler):
                 return await self._place_queued(row_id, token)
             return await self._transition(row_id, token, S.WAITING_FOR_CONTROL_PLANE)
 
-        if status is S.WAITING_FOR_CONTROL_PLANE:
+        if status in (S.WAITING_FOR_CONTROL_PLANE, S.WAITING_FOR_BUILD):
+            waiting = layer.waiting_for_builds()
+            if waiting is not None:
+                return await self._transition(row_id, token, S.WAITING_FOR_BUILD, waiting)
+            if status is S.WAITING_FOR_BUILD:
+                return await self._transition(row_id, token, S.WAITING_FOR_CONTROL_PLANE)
             if not await layer.ensure_control_plane(ref):
                 return False
             await self._open_gateway(row_id, token, ref)
