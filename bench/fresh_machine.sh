@@ -2,13 +2,13 @@
 # A newcomer's first hour, timed on a fresh machine of this kind (docs/benchmarks.md
 # "A fresh machine").
 #
-#   bench/fresh_machine.sh [--commit REV] [--with-tests] [--keep]
+#   bench/fresh_machine.sh [--commit REV] [--ci] [--keep]
 #
 # The "machine": a new Debian 12 root (mmdebstrap) with what a machine of this
 # kind has before anyone runs anything (git, gcc, make, curl, Debian's own
 # Python 3.11 without venv support, the Go toolchain of /usr/local/go, this
 # machine's CA bundle and pip/CA environment variables, /opt/wheels), entered
-# with chroot in mount and PID namespaces of its own. It shares this machine's
+# with pivot_root in mount and PID namespaces of its own. It shares this machine's
 # kernel, cgroups and network namespace (the embedded fleet's namespaces,
 # bridges and iptables chains are made in it, as on a real machine), and has no
 # caches: no apt packages beyond those, no Go module or build cache, no
@@ -21,8 +21,8 @@
 #      timed; the first `clusters create ... --wait` is "first cluster ready";
 #   3. `gpuclusters builds --wait`: until the background builds are done;
 #   4. `gpuclusters down --purge`, then what is left: network namespaces, GPC-*
-#      iptables chains, gpuclusters processes, mounts under the root;
-#   5. with --with-tests: `scripts/test` (what .ci/run runs), timed.
+#      iptables chains, gpuclusters processes.
+# With --ci, instead: `.ci/run` alone, timed (set-up from nothing, then every test).
 #
 # Prints one line per step with its seconds since the clone, and writes them to
 # /tmp/gpct-fresh/times.tsv. Needs root, 25-70 minutes and about 20 GB of disk.
@@ -33,12 +33,12 @@ cd "$(dirname "$0")/.."
 SRC="$(pwd -P)"
 
 COMMIT=HEAD
-WITH_TESTS=0
+CI=0
 KEEP=0
 while (($#)); do
     case "$1" in
     --commit) COMMIT="$2"; shift 2 ;;
-    --with-tests) WITH_TESTS=1; shift ;;
+    --ci) CI=1; shift ;;
     --keep) KEEP=1; shift ;;
     *) echo "fresh_machine.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -84,6 +84,12 @@ mark() { # STEP COMMAND: seconds since the clone began
 }
 git clone -q /src.git /root/gpuclusters && cd /root/gpuclusters || exit 1
 mark clone ok
+if [[ "${GPCT_CI:-0}" == 1 ]]; then
+    .ci/run >/ci.log 2>&1
+    mark ".ci/run rc=$?" ".ci/run"
+    tail -n 5 /ci.log
+    exit 0
+fi
 # The README's quickstart block, line by line (the first line is `scripts/up --detach`).
 awk '/^## Quickstart/{f=1} f&&/^```bash/{b=1; next} b&&/^```/{exit} b' README.md >/quickstart.sh
 n=0
@@ -101,10 +107,6 @@ done </quickstart.sh
 .venv/bin/gpuclusters builds --wait >>/quickstart.log 2>&1; mark "builds done rc=$?" "gpuclusters builds --wait"
 .venv/bin/gpuclusters down --purge >>/quickstart.log 2>&1; mark "down --purge rc=$?" "gpuclusters down --purge"
 echo "netns: $(ip netns list | wc -l); chains: $(iptables-save 2>/dev/null | grep -c '^:GPC' || true); servers: $(pgrep -fc 'gpuclusters (up|server)' || true)" | tee -a /times.tsv
-if [[ "${WITH_TESTS:-0}" == 1 ]]; then
-    scripts/test >/test.log 2>&1; mark "scripts/test rc=$?" "scripts/test"
-    tail -n 5 /test.log
-fi
 EOF
 chmod +x "$ROOT/fresh-run.sh"
 mkdir -p "$ROOT/src.git"
@@ -114,17 +116,23 @@ rc=0
 unshare --mount --pid --fork --propagation private bash -c '
     set -e
     R="$1"
+    # pivot_root, not chroot: the kernel refuses user namespaces (every node
+    # has one) to a process whose root is not its mount namespace'"'"'s root.
+    mount --bind "$R" "$R"
     mount --rbind /sys "$R/sys"; mount --make-rslave "$R/sys"
     mount --rbind /dev "$R/dev"; mount --make-rslave "$R/dev"
     mount -t proc proc "$R/proc"
     mount -t tmpfs -o mode=0755 tmpfs "$R/run"
     mount --bind "$2" "$R/src.git"
-    exec chroot "$R" env -i WITH_TESTS="$3" \
+    cd "$R"
+    mkdir -p .oldroot
+    pivot_root . .oldroot
+    exec /usr/bin/env -i GPCT_CI="$3" \
         SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt SSL_CERT_DIR=/etc/ssl/certs \
         REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt CURL_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
         PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-        PIP_FIND_LINKS=/opt/wheels /fresh-run.sh
-' _ "$ROOT" "$WORK/src.git" "$WITH_TESTS" || rc=$?
+        PIP_FIND_LINKS=/opt/wheels /bin/sh -c "umount -l /.oldroot && rmdir /.oldroot && exec /fresh-run.sh"
+' _ "$ROOT" "$WORK/src.git" "$CI" || rc=$?
 cp "$ROOT/times.tsv" "$WORK/times.tsv" 2>/dev/null || true
 say "exit code $rc; times:"
 cat "$WORK/times.tsv" >&2 || true

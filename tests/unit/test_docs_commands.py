@@ -80,3 +80,64 @@ def test_the_check_can_fail() -> None:
     assert _check(["clusters", "create", "x", "--gpus", "8"]) is None
     assert _check(["clusters", "frobnicate"]) == "no command 'frobnicate'"
     assert _check(["clusters", "create", "x", "--gpu", "8"]) == "create: no option --gpu"
+
+
+def command_path(argv: list[str]) -> tuple[str, ...]:
+    """The subcommand words of ``gpuclusters argv`` (``clusters create``)."""
+    cmd: Any = typer.main.get_command(app)
+    rest, path = list(argv), []
+    while getattr(cmd, "commands", None) is not None and rest and not rest[0].startswith("-"):
+        sub = cmd.commands.get(rest[0])
+        if sub is None:
+            break
+        path.append(rest[0])
+        cmd, rest = sub, rest[1:]
+    return tuple(path)
+
+
+def _runs(path: tuple[str, ...], tests_source: str) -> bool:
+    """Whether some test runs this command: as an argv (``"clusters",
+    "create"``, to CliRunner, a ``cli(...)`` helper or a subprocess) or as
+    a command line (``gpuclusters clusters create``). The README's
+    quickstart counts: tests/e2e/test_readme_quickstart.py runs it."""
+    words = ", ".join(f'"{w}"' for w in path)
+    return (
+        re.search(rf"[\[(]\s*(?:[\w.]+,\s*)*{re.escape(words)}\s*[,)\]]", tests_source) is not None
+        or f"gpuclusters {' '.join(path)}" in tests_source
+    )
+
+
+def _quickstart_paths() -> set[tuple[str, ...]]:
+    readme = (ROOT / "README.md").read_text()
+    block = _BLOCK.search(readme, readme.index("## Quickstart"))
+    assert block is not None
+    paths = set()
+    for line in block.group(1).splitlines():
+        words = shlex.split(re.sub(r"\s+#(\s.*)?$", "", line))
+        if words[:1] == ["gpuclusters"]:
+            paths.add(command_path(words[1:]))
+    return paths
+
+
+def test_every_documented_command_is_run_by_a_test() -> None:
+    tests_source = "\n".join(
+        p.read_text() for p in (ROOT / "tests").rglob("*.py") if p.name != Path(__file__).name
+    )
+    quickstart = _quickstart_paths()
+    assert ("clusters", "create") in quickstart  # the block was found
+    documented: dict[tuple[str, ...], str] = {}
+    for where, argv in documented_commands():
+        documented.setdefault(command_path(argv), where)
+    untested = [
+        f"{where}: gpuclusters {' '.join(path)}"
+        for path, where in sorted(documented.items())
+        if path and path not in quickstart and not _runs(path, tests_source)
+    ]
+    assert not untested, "documented but run by no test:\n" + "\n".join(untested)
+
+
+def test_the_run_check_can_fail() -> None:
+    assert _runs(("clusters", "create"), 'cli("clusters", "create", "x")')
+    assert _runs(("builds",), 'invoke(app, ["builds", "--wait"])')
+    assert not _runs(("clusters", "create"), '"clusters", "created"')
+    assert not _runs(("builds",), 'x = "builds"')

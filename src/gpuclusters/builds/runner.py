@@ -162,6 +162,24 @@ class Runner:
     def _waiting_states(self) -> dict[str, StepState]:
         return self.status.states()
 
+    def run_until_signalled(self) -> int:
+        """``run``; SIGINT or SIGTERM (main thread) stops the running steps
+        and records them as interrupted (exit code 130)."""
+
+        def interrupted(signum: int, frame: FrameType | None) -> None:
+            raise Interrupted(signal.Signals(signum).name)
+
+        previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self.run()
+        except Interrupted as exc:
+            say(f"{exc}: stopping")
+            self.stop()
+            return 130
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
 
 def _last_line(path: Path) -> str:
     try:
@@ -202,19 +220,8 @@ def _lock(directory: Path, *, wait: bool) -> int | None:
 
 
 def _run_locked(fd: int, directory: Path, root: Path) -> int:
-    runner = Runner(BACKGROUND_PLAN, root, directory)
-
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGINT, interrupted)
     try:
-        return runner.run()
-    except Interrupted as exc:
-        say(f"{exc}: stopping")
-        runner.stop()
-        return 130
+        return Runner(BACKGROUND_PLAN, root, directory).run_until_signalled()
     finally:
         os.close(fd)
 

@@ -40,15 +40,15 @@ class ProgressPrinter(threading.Thread):
     def __init__(self, interval_s: float = PROGRESS_POLL_S) -> None:
         super().__init__(name="build-progress", daemon=True)
         self.interval_s = interval_s
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         err = stderr_console()
         last: object = None
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             observed = build_status.read()
             if observed is None:
                 return  # no background build on this machine
@@ -58,7 +58,7 @@ class ProgressPrinter(threading.Thread):
                 last = shape
             if not observed.alive:
                 return
-            self._stop.wait(self.interval_s)
+            self._halt.wait(self.interval_s)
 
 
 def builds(
