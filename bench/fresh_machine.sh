@@ -25,7 +25,7 @@
 # With --ci, instead: `.ci/run` alone, timed (set-up from nothing, then every test).
 #
 # Prints one line per step with its seconds since the clone, and writes them to
-# /tmp/gpct-fresh/times.tsv. Needs root, 25-70 minutes and about 20 GB of disk.
+# /tmp/gpct-fresh/times.tsv (the logs and the builder's status.json beside it, in logs/). Needs root, 25-70 minutes and about 20 GB of disk.
 # Run nothing else meanwhile: the figures are wall times on 2 cores, and
 # another gpuclusters server would share the network namespace.
 set -euo pipefail
@@ -133,7 +133,13 @@ unshare --mount --pid --fork --propagation private bash -c '
         PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 \
         PIP_FIND_LINKS=/opt/wheels /bin/sh -c "umount -l /.oldroot && rmdir /.oldroot && exec /fresh-run.sh"
 ' _ "$ROOT" "$WORK/src.git" "$CI" || rc=$?
+# What stays after the root is gone: the times, the logs, the builder's status.
 cp "$ROOT/times.tsv" "$WORK/times.tsv" 2>/dev/null || true
+mkdir -p "$WORK/logs"
+for f in quickstart.log ci.log var/cache/gpuclusters/builds/status.json var/cache/gpuclusters/builds/runner.log; do
+    [[ -f "$ROOT/$f" ]] && cp "$ROOT/$f" "$WORK/logs/"
+done
+cp -r "$ROOT/var/cache/gpuclusters/builds/logs" "$WORK/logs/builds" 2>/dev/null || true
 say "exit code $rc; times:"
 cat "$WORK/times.tsv" >&2 || true
 if ((!KEEP)); then

@@ -50,6 +50,7 @@ from gpuclusters.core.builds import (
 )
 
 POLL_S = 0.5
+ANNOUNCE_AFTER_S = 2.0
 DETACH_TIMEOUT_S = 30.0
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (src/gpuclusters/builds/..)
 
@@ -73,6 +74,7 @@ class Runner:
             plan, pid=os.getpid(), now=time.time(), log_dir=str(self.logs)
         )
         self.running: dict[str, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+        self.announced: set[str] = set()
 
     def _save(self) -> None:
         status_file.write(self.status, self.dir)
@@ -91,7 +93,18 @@ class Runner:
         self.running[step.name] = (proc, log)
         entry.state = StepState.BUILDING
         entry.started_at = time.time()
-        say(f"{step.name}: building (log {entry.log})")
+
+    def _announce(self) -> None:
+        """Say which steps build, once each has run ANNOUNCE_AFTER_S: a step
+        whose output is current ends sooner (a stamp check) and is reported
+        in one line when it ends."""
+        now = time.time()
+        for name in self.running:
+            entry = self.status.step(name)
+            started = entry.started_at or now
+            if name not in self.announced and now - started >= ANNOUNCE_AFTER_S:
+                self.announced.add(name)
+                say(f"{name}: building (log {entry.log})")
 
     def _finish(self, name: str, rc: int) -> None:
         _, log = self.running.pop(name)
@@ -101,7 +114,10 @@ class Runner:
         seconds = entry.finished_at - (entry.started_at or entry.finished_at)
         if rc == 0:
             entry.state = StepState.DONE
-            say(f"{name}: done in {seconds:.0f} s")
+            if name in self.announced:
+                say(f"{name}: done in {seconds:.0f} s")
+            else:
+                say(f"{name}: up to date")
         else:
             entry.state = StepState.FAILED
             entry.error = _last_line(Path(entry.log)) or f"exit code {rc}"
@@ -143,6 +159,7 @@ class Runner:
             if not self.running:
                 break
             time.sleep(POLL_S)
+            self._announce()
             changed = False
             for name, (proc, _) in list(self.running.items()):
                 rc = proc.poll()
