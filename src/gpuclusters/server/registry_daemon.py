@@ -393,8 +393,8 @@ class RegistryDaemon:
             try:
                 pushed = await self.push_system_images()
             except RegistryError as exc:
-                log.warning("registry: %s (tried again when the cache changes)", exc)
-                pushed = []
+                log.warning("registry: %s (tried again in %.0f s)", exc, interval_s)
+                continue  # `seen` unchanged: the next look tries again
             if pushed:
                 log.info(
                     "pushed %d new image(s) into the registry: %s", len(pushed), ", ".join(pushed)
