@@ -146,6 +146,7 @@ class Laptop(VethNamespace):
         self.venv = self.home / "venv"
         self.project_root = project_root
         self._user_made = False
+        self._mounted: Path | None = None
 
     def up(self) -> None:
         super().up()
@@ -160,15 +161,35 @@ class Laptop(VethNamespace):
         # Debian's own Python 3.11 (the project's interpreter may live where
         # this user cannot read).
         self.run(SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(self.venv), check=True)
-        # The project's installed packages (scripts/setup's .venv; read-only to the user).
-        site = self.project_root / ".venv" / "lib" / "python3.11" / "site-packages"
+        # The project's installed packages (scripts/setup's .venv; read-only to
+        # the user), its source first: the editable install's own entry names
+        # the checkout's path, which the user may not reach (a clone under
+        # /root, mode 0700).
+        view = self._project_view()
+        site = view / ".venv" / "lib" / "python3.11" / "site-packages"
         pth = self.venv / "lib" / "python3.11" / "site-packages" / "gpuclusters-project.pth"
         entry = self.venv / "bin" / "gpuclusters"
         self.run("sh", "-c",
-                 f"echo \"import site; site.addsitedir('{site}')\" > {pth} && "
+                 f"printf '%s\\n' '{view / 'src'}' \"import site; site.addsitedir('{site}')\""
+                 f" > {pth} && "
                  f"printf '#!{self.venv}/bin/python\\nfrom gpuclusters.cli.main import main\\n"
                  f"main()\\n' > {entry} && chmod +x {entry}",
                  check=True)  # fmt: skip
+
+    def _project_view(self) -> Path:
+        """The checkout as the laptop's user can read it: itself when every
+        directory above it lets others through, else a read-only bind mount
+        of it under the laptop's own directory (unmounted by ``close``
+        before anything there is removed)."""
+        blocked = [d for d in self.project_root.resolve().parents if not os.stat(d).st_mode & 0o001]
+        if not blocked:
+            return self.project_root
+        view = self.root / "project"
+        view.mkdir()
+        sh("mount", "--bind", str(self.project_root), str(view))
+        self._mounted = view
+        sh("mount", "-o", "remount,bind,ro", str(view))
+        return view
 
     @property
     def uid(self) -> int:
@@ -227,4 +248,8 @@ class Laptop(VethNamespace):
             sh("userdel", self.user, check=False)
             self._user_made = False
         super().close()
+        if self._mounted is not None:
+            # Never remove files through the view: they are the checkout's.
+            sh("umount", str(self._mounted))
+            self._mounted = None
         shutil.rmtree(self.root, ignore_errors=True)

@@ -382,12 +382,16 @@ async def test_node_processes_share_the_nodes_cgroup_and_its_limits(fleet: Fleet
     """Every process of a node (its init, daemons, helpers) is in the node's
     cgroup, whose limits bound them: a fork bomb in a node stops at its pids
     limit, while the host itself can start as many processes."""
-    p = fleet.provider(node_share=0.001)  # the smallest share: 1024 pids
+    # A share small enough for every floor (1024 pids) whatever the host's
+    # pid_max: up to the kernel's largest, 4194304, which Debian 12 with
+    # systemd sets (and a new PID namespace starts with).
+    share = 1024 / 4194304
+    p = fleet.provider(node_share=share)
     spec = fleet.spec(fleet.cluster(), "limits-1", "h100-a-01")
     await p.create(spec)
     sh = await p.shell(spec.node_id)
     lay = node_layout(fleet, spec.node_id)
-    limits = nodecgroup.this_host_share(0.001)
+    limits = nodecgroup.this_host_share(share)
     assert limits.pids == 1024
     leaves = [Path(f).parent for f in nodecgroup.leaf_procs(lay.cgroup_name)]
     assert leaves, "no cgroup hierarchy found"
