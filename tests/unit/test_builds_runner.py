@@ -17,6 +17,7 @@ import pytest
 from gpuclusters.builds import status as status_file
 from gpuclusters.builds.runner import Runner
 from gpuclusters.core.builds import Slot, Step, StepState
+from gpuclusters.linux.procs import process_running
 
 GPUCLUSTERS = str(Path(sys.executable).with_name("gpuclusters"))
 
@@ -130,7 +131,7 @@ def test_detach_returns_once_the_status_names_the_builder_and_a_second_changes_n
     assert f"pid {pid}" in first.stdout and pid != os.getpid()
 
     second = subprocess.run([*cmd, "--detach"], env=env, capture_output=True, text=True, check=True)
-    if status_file.pid_alive(pid):
+    if process_running(pid):
         assert "background builds" in second.stdout, second.stdout
         again = status_file.read(tmp_path / "builds")
         assert again is not None and again.status.runner_pid == pid

@@ -8,7 +8,8 @@
                                                    progress (scripts/setup
                                                    --for-tests); exit 1 if a
                                                    step failed
-    python -m gpuclusters.builds.runner --status [--output json]
+
+Progress and each step's state: ``gpuclusters builds`` (cli/builds.py).
 
 One builder at a time per builds directory (``runner.lock``, ``flock``).
 ``--detach`` while one runs changes nothing; ``--wait`` while one runs
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -151,7 +151,7 @@ class Runner:
         say(f"{len(self.plan)} steps; status in {status_file.status_path(self.dir)}")
         while True:
             busy = {s.slot for s in self.plan if s.name in self.running}
-            started = runnable(self.plan, self._waiting_states(), busy)
+            started = runnable(self.plan, self.status.states(), busy)
             for step in started:
                 self._start(step)
             if started:
@@ -175,9 +175,6 @@ class Runner:
         failed = self.status.failed()
         say(summary(self.status, alive=False, now=time.time()))
         return 1 if failed else 0
-
-    def _waiting_states(self) -> dict[str, StepState]:
-        return self.status.states()
 
     def run_until_signalled(self) -> int:
         """``run``; SIGINT or SIGTERM (main thread) stops the running steps
@@ -287,34 +284,14 @@ def _detach(directory: Path, root: Path) -> int:
     return 1
 
 
-def _print_status(directory: Path, output: str) -> int:
-    observed = status_file.read(directory)
-    if output == "json":
-        doc = None if observed is None else {**observed.status.as_json(), "alive": observed.alive}
-        print(json.dumps(doc, indent=1))
-        return 0
-    if observed is None:
-        print("no background build has run")
-        return 0
-    print(summary(observed.status, alive=observed.alive, now=time.time()))
-    for s in observed.status.steps:
-        took = f" {s.seconds:.0f} s" if s.seconds is not None else ""
-        print(f"  {s.name:28} {s.state.value:9}{took} {s.error}".rstrip())
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuclusters.builds.runner")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--detach", action="store_true", help="build in the background")
     mode.add_argument("--wait", action="store_true", help="build in the foreground")
-    mode.add_argument("--status", action="store_true", help="what the builder has done")
     mode.add_argument("--run-locked", type=int, metavar="FD", help=argparse.SUPPRESS)
-    parser.add_argument("--output", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     directory = status_file.builds_dir()
-    if args.status:
-        return _print_status(directory, args.output)
     if args.run_locked is not None:
         return _run_locked(args.run_locked, directory, ROOT)
     if args.detach:

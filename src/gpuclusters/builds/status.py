@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuclusters.core.builds import BuildStatus
+from gpuclusters.linux.procs import process_running
 
 DIR_ENV = "GPUCLUSTERS_BUILDS_DIR"
 DEFAULT_DIR = Path("/var/cache/gpuclusters/builds")
@@ -26,15 +27,6 @@ def builds_dir() -> Path:
 
 def status_path(directory: Path | None = None) -> Path:
     return (directory or builds_dir()) / "status.json"
-
-
-def pid_alive(pid: int) -> bool:
-    """A live process (not a zombie) with this pid."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +43,7 @@ def read(directory: Path | None = None) -> Observed | None:
         status = BuildStatus.from_json(doc)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    alive = status.finished_at is None and pid_alive(status.runner_pid)
+    alive = status.finished_at is None and process_running(status.runner_pid)
     return Observed(status, alive)
 
 

@@ -40,6 +40,7 @@ from gpuclusters.core.clientconfig import default_home, read_config
 from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.core.serverpids import servers_dir
 from gpuclusters.linux import firewall
+from gpuclusters.linux.procs import process_running
 
 LOG_NAME = "server.log"
 START_TIMEOUT_S = 300.0
@@ -129,16 +130,6 @@ def start_detached(argv: list[str], home: Path, url: str) -> int:
                 raise typer.Exit(1)
             time.sleep(0.5)
     return proc.pid
-
-
-def process_running(pid: int) -> bool:
-    """Not gone and not a zombie (one left for this machine's init to reap:
-    a detached server's parent has exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def stop(pids: list[int], timeout_s: float) -> None:

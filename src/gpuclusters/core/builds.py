@@ -148,9 +148,7 @@ class StepStatus:
 
     @property
     def seconds(self) -> float | None:
-        if self.started_at is None:
-            return None
-        if self.finished_at is None:
+        if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
 

@@ -53,6 +53,16 @@ def pids_in(namespaces: set[NsId]) -> list[int]:
     return found
 
 
+def process_running(pid: int) -> bool:
+    """Not gone and not a zombie (one left for this machine's init to reap:
+    a detached process whose parent has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 def start_time(pid: int) -> str | None:
     """A live process's start time (clock ticks since boot, as text), from
     /proc/<pid>/stat; None if it is gone or a zombie."""
