@@ -113,6 +113,10 @@ class EventReason(StrEnum):
     PREEMPTION_NOTIFIED = "PreemptionNotified"
     PREEMPTED = "Preempted"
     RESERVATION_ENDING = "ReservationEnding"
+    # A release or delete step that could not work was skipped (the layer
+    # never came up, the host is gone, the deadline passed, or forced).
+    STEP_SKIPPED = "StepSkipped"
+    HOST_CORDONED = "HostCordoned"
 
 
 GPUS_PER_NODE = 8

@@ -198,6 +198,8 @@ def make_reconcilers(rt: Runtime) -> list[Reconciler]:
         lease_ttl_s=rt.settings.lease_ttl_s,
         interval_s=rt.settings.reconcile_interval_s,
         concurrency=rt.settings.controller_concurrency,
+        backoff_base_s=rt.settings.retry_backoff_base_s,
+        backoff_cap_s=rt.settings.retry_backoff_cap_s,
     )
     return [
         ClusterReconciler(ctx, rt),

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpuclusters.core import idblocks
+from gpuclusters.core import deadlines, idblocks
 from gpuclusters.linux import nodeimage
 
 
@@ -188,6 +188,24 @@ class Settings(BaseSettings):
     controller_concurrency: int = Field(default=8, ge=1)
     event_retention_h: float = Field(default=72.0, gt=0)
     housekeeping_interval_s: float = Field(default=60.0, gt=0)
+    node_phase_deadlines_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds a node may stay in a phase, by phase, over the defaults of "
+        "core/deadlines.py (0 turns one off); past it the node fails with the reason, or a "
+        "release skips the steps that still fail",
+    )
+    cluster_phase_deadlines_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds a cluster may stay in a status, by status, over the defaults "
+        "of core/deadlines.py (0 turns one off); past it the cluster fails with the "
+        "reason, or a delete skips the layer steps that still fail",
+    )
+    retry_backoff_base_s: float = Field(
+        default=1.0, gt=0, description="first wait after a failed controller step (doubles)"
+    )
+    retry_backoff_cap_s: float = Field(
+        default=60.0, gt=0, description="longest wait between attempts of a failing step"
+    )
     preemption_grace_s: float = Field(
         default=300.0,
         gt=0,
@@ -296,6 +314,26 @@ class Settings(BaseSettings):
     def gateway_port_range(self) -> tuple[int, int]:
         first, last = (int(p) for p in self.gateway_ports.split("-"))
         return first, last
+
+    @field_validator("node_phase_deadlines_s")
+    @classmethod
+    def _node_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
+        return deadlines.merged(
+            deadlines.NODE_PHASE_DEADLINES_S,
+            value,
+            kind="node phase",
+            names=frozenset(deadlines.NODE_PHASE_DEADLINES_S),
+        )
+
+    @field_validator("cluster_phase_deadlines_s")
+    @classmethod
+    def _cluster_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
+        return deadlines.merged(
+            deadlines.CLUSTER_PHASE_DEADLINES_S,
+            value,
+            kind="cluster status",
+            names=frozenset(deadlines.CLUSTER_PHASE_DEADLINES_S),
+        )
 
     @field_validator("gateway_ports")
     @classmethod

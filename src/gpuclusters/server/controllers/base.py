@@ -2,10 +2,23 @@
 
 One loop per reconciler: wait for a hint or the poll interval, list the rows
 that need work, claim free ones with a lease and run ``reconcile`` on each
-in its own task (at most ``concurrency`` at once, one task per row). Errors
-are logged and retried with a per-row backoff; a lost lease just ends the
-task. ``stop`` cancels the loop and waits for running tasks, so shutdown
-never leaves a half-written step (every step is idempotent anyway).
+in its own task (at most ``concurrency`` at once, one task per row).
+``stop`` cancels the loop and waits for running tasks, so shutdown never
+leaves a half-written step (every step is idempotent anyway).
+
+Leases cannot run out under a step: while a row is claimed, a heartbeat
+renews its lease every third of the TTL, fenced by the token. If a renewal
+finds the lease gone (or cannot renew it before it expires: a stalled
+process), the step is cancelled, and every write it had left is fenced
+anyway, so it writes nothing after another replica took the row.
+
+Outcomes live on the row, not in this process: a step that fails
+temporarily has its error, its count (``retries``) and the time of the next
+attempt (``next_attempt_at``, exponential backoff with a cap) recorded as it
+releases the lease; ``claim`` takes no row before that time, whichever
+replica asks, and a restart goes on with the same backoff. A step that
+succeeds clears them in its release. A permanent error goes to the
+reconciler's ``fail`` (a node or cluster fails with the reason).
 
 A pass claims only as many rows as it can start now (twice the concurrency,
 so the next is ready when one finishes): a lease is held while work is
@@ -35,8 +48,10 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpuclusters.server.controllers import leases
+from gpuclusters.core.deadlines import backoff_s
+from gpuclusters.server.controllers import leases, outcomes
 from gpuclusters.server.controllers.hints import Hints
+from gpuclusters.server.controllers.outcomes import Outcome, StepFailed
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +67,8 @@ class ControllerContext:
     lease_ttl_s: float
     interval_s: float
     concurrency: int
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
 
 
 class Reconciler(ABC):
@@ -61,8 +78,10 @@ class Reconciler(ABC):
     def __init__(self, ctx: ControllerContext) -> None:
         self.ctx = ctx
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        # When rows that failed may be tried again: a cache of their
+        # ``next_attempt_at`` so a pass does not try to claim them early
+        # (``claim`` refuses them anyway; the row is the truth).
         self._retry_at: dict[str, float] = {}
-        self._failures: dict[str, int] = {}
         self._sem = asyncio.Semaphore(ctx.concurrency)
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -83,7 +102,14 @@ class Reconciler(ABC):
 
     @abstractmethod
     async def reconcile(self, row_id: str, token: str) -> bool:
-        """Advance one row; return True if it changed (look again soon)."""
+        """Advance one row; return True if it changed (look again soon).
+        Raise ``StepFailed`` (or anything) for a temporary failure."""
+
+    async def fail(self, row_id: str, token: str, reason: str) -> None:
+        """A permanent error: move the row to its failed state. Reconcilers
+        whose rows can fail override it; by default it is retried like a
+        temporary one."""
+        raise StepFailed(reason)
 
     # -- loop ----------------------------------------------------------------
 
@@ -154,30 +180,39 @@ class Reconciler(ABC):
         # A hint that arrives while this row is being worked on wakes a pass
         # that skips the row (it is in flight); remember to look again.
         hints_before = self.ctx.hints.count(self.name)
+        step = asyncio.create_task(self._guarded_reconcile(row_id, token))
+        lost = asyncio.Event()
+        beat = asyncio.create_task(self._heartbeat(row_id, token, step, lost))
+        succeeded = False
+        failure: StepFailed | None = None
         try:
-            async with self._sem:
-                with STEP_SECONDS.labels(self.name).time():
-                    changed = await self.reconcile(row_id, token)
+            changed = await step
+            succeeded = True
             STEPS.labels(self.name, "ok").inc()
-            self._failures.pop(row_id, None)
-            self._retry_at.pop(row_id, None)
+        except asyncio.CancelledError:
+            if not lost.is_set():
+                raise  # we are being stopped
+            STEPS.labels(self.name, "lease_lost").inc()
+            log.warning(
+                "reconciler %s: lease on %s lost during a step; cancelled", self.name, row_id
+            )
         except leases.LeaseLost:
             STEPS.labels(self.name, "lease_lost").inc()
-        except Exception:
+        except StepFailed as exc:
             STEPS.labels(self.name, "error").inc()
-            n = self._failures[row_id] = self._failures.get(row_id, 0) + 1
-            delay = min(60.0, 0.5 * 2**n)
-            self._retry_at[row_id] = time.monotonic() + delay
-            log.exception(
-                "reconciler %s: %s failed (attempt %d); retry in %.1fs", self.name, row_id, n, delay
-            )
+            failure = exc
+        except Exception as exc:  # from ``fail`` itself: retried like any error
+            STEPS.labels(self.name, "error").inc()
+            log.exception("reconciler %s: %s could not be failed", self.name, row_id)
+            failure = StepFailed(f"{type(exc).__name__}: {exc}")
         finally:
-            try:
-                async with self.ctx.sessionmaker() as session:
-                    await leases.release(session, self.model, row_id, token=token)
-            except Exception:
-                log.exception("reconciler %s: could not release lease on %s", self.name, row_id)
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+            if not lost.is_set():
+                await self._give_back(row_id, token, succeeded=succeeded, failure=failure)
             self._inflight.pop(row_id, None)
+        if succeeded:
+            self._retry_at.pop(row_id, None)
         look_again = changed or row_id in self._deferred
         self._deferred.discard(row_id)
         if self._stopping:
@@ -187,23 +222,121 @@ class Reconciler(ABC):
         elif look_again:
             self.ctx.hints.notify_rows(self.name, [row_id])
 
+    async def _guarded_reconcile(self, row_id: str, token: str) -> bool:
+        """``reconcile`` under the concurrency limit, any exception but a
+        lost lease turned into ``StepFailed`` (permanent ones through
+        ``fail``)."""
+        async with self._sem:
+            with STEP_SECONDS.labels(self.name).time():
+                try:
+                    return await self.reconcile(row_id, token)
+                except (leases.LeaseLost, StepFailed, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    outcome = outcomes.from_exception(exc)
+                    if outcome.kind != "fail":
+                        log.exception("reconciler %s: %s failed", self.name, row_id)
+                        raise StepFailed(outcome.error) from exc
+                await self.fail(row_id, token, outcome.error)
+                return True
+
+    async def _heartbeat(
+        self, row_id: str, token: str, step: asyncio.Task[bool], lost: asyncio.Event
+    ) -> None:
+        """Renew the lease every TTL/3 while ``step`` runs; cancel the step
+        if the lease is gone, or if it could not be renewed before expiry."""
+        ttl = self.ctx.lease_ttl_s
+        loop = asyncio.get_running_loop()
+        expires = loop.time() + ttl
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                async with self.ctx.sessionmaker() as session:
+                    mine = await leases.renew(session, self.model, row_id, token=token, ttl_s=ttl)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the database is away: try again, until expiry
+                log.warning("reconciler %s: could not renew the lease on %s", self.name, row_id)
+                mine = loop.time() < expires - ttl / 6
+            else:
+                if mine:
+                    expires = loop.time() + ttl
+            if not mine:
+                lost.set()
+                step.cancel()
+                return
+
+    async def _give_back(
+        self, row_id: str, token: str, *, succeeded: bool, failure: StepFailed | None
+    ) -> None:
+        try:
+            async with self.ctx.sessionmaker() as session:
+                if failure is None:
+                    await leases.release(
+                        session, self.model, row_id, token=token, succeeded=succeeded
+                    )
+                    return
+                fixed = failure.delay_s
+                recorded = await leases.release_failed(
+                    session,
+                    self.model,
+                    row_id,
+                    token=token,
+                    error=failure.error,
+                    delay_s=lambda n: (
+                        fixed
+                        if fixed is not None
+                        else backoff_s(
+                            n, base_s=self.ctx.backoff_base_s, cap_s=self.ctx.backoff_cap_s
+                        )
+                    ),
+                )
+        except Exception:
+            log.exception("reconciler %s: could not release lease on %s", self.name, row_id)
+            return
+        if recorded is not None:
+            retries, delay = recorded
+            self._retry_at[row_id] = time.monotonic() + delay
+            log.warning(
+                "reconciler %s: %s failed (attempt %d): %s; retry in %.1fs",
+                self.name,
+                row_id,
+                retries,
+                failure.error,
+                delay,
+            )
+
 
 class SteppedReconciler(Reconciler):
     """A reconciler that advances a row by small transitions: ``step`` makes
-    one and says whether anything changed; a pass takes up to
-    ``max_steps_per_pass`` of them while the lease is held, so a row moves
-    through quick phases without waiting for the next poll."""
+    one and returns its ``Outcome`` (a bool is read as moved/wait); a pass
+    takes up to ``max_steps_per_pass`` of them while the lease is held, so a
+    row moves through quick phases without waiting for the next poll.
+    ``settled`` sees every outcome of the pass (to tell other controllers
+    what moved)."""
 
     max_steps_per_pass = 8
 
     @abstractmethod
-    async def step(self, row_id: str, token: str) -> bool:
-        """One idempotent transition; True if something changed."""
+    async def step(self, row_id: str, token: str) -> Outcome | bool:
+        """One idempotent transition."""
+
+    async def settled(self, row_id: str, taken: list[Outcome]) -> None:
+        """Called after a pass's steps (also when one failed)."""
 
     async def reconcile(self, row_id: str, token: str) -> bool:
-        changed = False
-        for _ in range(self.max_steps_per_pass):
-            if not await self.step(row_id, token):
-                break
-            changed = True
-        return changed
+        taken: list[Outcome] = []
+        try:
+            for _ in range(self.max_steps_per_pass):
+                result = await self.step(row_id, token)
+                outcome = outcomes.of(result) if isinstance(result, bool) else result
+                if outcome.kind == "fail":
+                    await self.fail(row_id, token, outcome.error)
+                elif outcome.kind == "retry":
+                    raise StepFailed(outcome.error, outcome.delay_s)
+                taken.append(outcome)
+                if not outcome.changed:
+                    break
+        finally:
+            await self.settled(row_id, taken)
+        return any(o.changed for o in taken)

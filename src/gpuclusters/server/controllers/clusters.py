@@ -14,13 +14,15 @@ take several steps; every write is fenced by the lease token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import Select, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.preemption import preemptible_deficit
+from gpuclusters.core.deadlines import CLUSTER_FINISH_AT_DEADLINE
 from gpuclusters.core.enums import (
     GPUS_PER_NODE,
     BillingType,
@@ -32,9 +34,10 @@ from gpuclusters.core.enums import (
 )
 from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.core.nodeshell import GatewayTarget
-from gpuclusters.layers.base import ClusterRef
+from gpuclusters.layers.base import ClusterLayer, ClusterRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
+from gpuclusters.server.controllers.outcomes import MOVED, WAIT, Outcome, StepFailed, fail, of
 from gpuclusters.server.controllers.refs import cluster_ref, load_cluster_ref, work_probe
 from gpuclusters.server.db.allocation import (
     allocate_nodes,
@@ -60,6 +63,37 @@ _POOL_STATUSES = (
 )
 
 
+@dataclass(slots=True)
+class ClusterStep:
+    """What one step of one cluster sees, loaded afresh for each step."""
+
+    row_id: str
+    token: str
+    cluster: Cluster
+    nodes: list[Node]
+    layer: ClusterLayer
+    ref: ClusterRef
+    overdue: bool = False  # the status's deadline passed
+
+    @property
+    def status(self) -> ClusterStatus:
+        return S(self.cluster.status)
+
+    def standard_counts(self) -> tuple[list[Node], list[Node], int]:
+        """The standard nodes that failed and run, and how many are wanted."""
+        standard = [
+            n
+            for n in self.nodes
+            if n.compute_class == ComputeClass.STANDARD.value and not n.to_delete
+        ]
+        failed = [n for n in standard if n.phase == NodePhase.FAILED.value]
+        running = [n for n in standard if n.phase == NodePhase.RUNNING.value]
+        return failed, running, self.cluster.num_gpus // GPUS_PER_NODE
+
+
+Handler = Callable[[ClusterStep], Awaitable[Outcome]]
+
+
 class ClusterReconciler(SteppedReconciler):
     name = hints.CLUSTERS
     model = Cluster
@@ -71,6 +105,22 @@ class ClusterReconciler(SteppedReconciler):
         # has not yet re-ensured (taken once, by the first pass).
         self._to_verify: set[str] = set()
         self._snapshot_taken = False
+        # One handler per status (deleted and failed have none).
+        self.handlers: dict[ClusterStatus, Handler] = {
+            S.DELETING: self._deleting,
+            S.QUEUED: self._queued,
+            S.WAITING_FOR_BUILD: self._control_plane,
+            S.WAITING_FOR_CONTROL_PLANE: self._control_plane,
+            S.WAITING_FOR_VOLUME: self._waiting_for_volume,
+            S.WAITING_FOR_NODES: self._waiting_for_nodes,
+            S.RUNNING_ACCEPTANCE_TESTS: self._acceptance_tests,
+            S.READY: self._usable,
+            S.DEGRADED: self._usable,
+        }
+
+    @property
+    def deadlines(self) -> dict[str, float]:
+        return self.rt.settings.cluster_phase_deadlines_s
 
     @staticmethod
     def _busy() -> Select[str]:
@@ -210,7 +260,9 @@ class ClusterReconciler(SteppedReconciler):
                 await session.commit()
                 return False
             cluster.nodes_placed = True
-            await set_cluster_status(session, cluster, S.WAITING_FOR_CONTROL_PLANE.value)
+            await set_cluster_status(
+                session, cluster, S.WAITING_FOR_CONTROL_PLANE.value, deadlines=self.deadlines
+            )
             await session.commit()
         self.ctx.hints.notify(hints.NODES)
         return True
@@ -311,8 +363,7 @@ class ClusterReconciler(SteppedReconciler):
         )
         return cluster, nodes
 
-    async def step(self, row_id: str, token: str) -> bool:
-        """One transition; True if something changed."""
+    async def load(self, row_id: str, token: str) -> ClusterStep:
         async with self.ctx.sessionmaker() as session:
             cluster, nodes = await self._load(session, row_id)
             # SSH access only for the steps that (re)start the login node's sshd.
@@ -334,105 +385,157 @@ class ClusterReconciler(SteppedReconciler):
                 if calls_layer
                 else cluster_ref(cluster)
             )
-        status = S(cluster.status)
-        layer = self.rt.layer_for(cluster.cluster_type)
-        if status not in (S.READY, S.DEGRADED):
+        return ClusterStep(
+            row_id=row_id,
+            token=token,
+            cluster=cluster,
+            nodes=nodes,
+            layer=self.rt.layer_for(cluster.cluster_type),
+            ref=ref,
+        )
+
+    async def step(self, row_id: str, token: str) -> Outcome:
+        """One transition: the deadline, the reservation's end and the
+        preemptible pool apply to every status; then the status's handler."""
+        s = await self.load(row_id, token)
+        if s.status not in (S.READY, S.DEGRADED):
             self._to_verify.discard(row_id)  # only a usable cluster is re-checked
+        if s.cluster.deleted_at is not None:
+            return WAIT
+        deadline = s.cluster.phase_deadline_at
+        if deadline is not None and utcnow() >= deadline:
+            if s.status.value not in CLUSTER_FINISH_AT_DEADLINE:
+                limit = self.deadlines.get(s.status.value, 0)
+                why = f"still {s.status.value} after its deadline ({limit:.0f} s)"
+                if s.cluster.last_error:
+                    why += f"; last error: {s.cluster.last_error}"
+                elif s.cluster.status_message:
+                    why += f": {s.cluster.status_message}"
+                return fail(why)
+            s.overdue = True
+        if s.status is not S.DELETING:
+            due = self._end_due(s.cluster)
+            if due is not None:
+                return of(await self._reservation_end(row_id, token, due))
+            if (
+                s.cluster.status in _POOL_STATUSES
+                and s.cluster.num_preemptible_gpus > 0
+                and await self._fill_pool(row_id, token)
+            ):
+                return MOVED
+        handler = self.handlers.get(s.status)
+        return WAIT if handler is None else await handler(s)
 
-        if status is S.DELETING:
-            if nodes:
-                return False  # the node reconciler releases them; it hints us
-            await layer.delete(ref)  # idempotent, outside any transaction
-            async with self.ctx.sessionmaker() as session:
-                await leases.fence(
-                    session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
-                )
-                cluster, _ = await self._load(session, row_id)
-                await self._release_volume(session, cluster)
-                await set_cluster_status(session, cluster, S.DELETED.value, "cluster deleted")
-                cluster.deleted_at = utcnow()
-                await session.commit()
-            self.ctx.hints.notify(hints.VOLUMES)
-            return True
+    async def fail(self, row_id: str, token: str, reason: str) -> None:
+        """A permanent error or a deadline passed: the cluster fails with the
+        reason (a delete in progress goes on instead)."""
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            status = await session.scalar(select(Cluster.status).where(Cluster.id == row_id))
+        if status == S.DELETING.value:
+            raise StepFailed(reason)
+        await self._transition(row_id, token, S.FAILED, reason)
 
-        due = self._end_due(cluster)
-        if due is not None:
-            return await self._reservation_end(row_id, token, due)
+    async def _deleting(self, s: ClusterStep) -> Outcome:
+        """Once its nodes are released (the node reconciler does that and
+        hints us), stop the control plane and forget the cluster. A delete
+        always finishes: a layer delete that keeps failing is skipped once
+        forced or past the deadline, and the skip is kept in the history."""
+        if s.nodes:
+            return WAIT
+        note = ""
+        try:
+            await s.layer.delete(s.ref)  # idempotent, outside any transaction
+        except Exception as exc:
+            why = (
+                f"delete forced: {s.cluster.force_delete_reason}"
+                if s.cluster.force_delete_reason
+                else ("deleting passed its deadline" if s.overdue else None)
+            )
+            if why is None:
+                raise StepFailed(f"stopping the control plane: {exc}") from exc
+            note = f"; stopping the control plane skipped ({why}): {exc}"
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(
+                session, Cluster, s.row_id, token=s.token, ttl_s=self.ctx.lease_ttl_s
+            )
+            cluster, _ = await self._load(session, s.row_id)
+            await self._release_volume(session, cluster)
+            await set_cluster_status(session, cluster, S.DELETED.value, "cluster deleted" + note)
+            cluster.deleted_at = utcnow()
+            await session.commit()
+        self.ctx.hints.notify(hints.VOLUMES)
+        return MOVED
 
-        if status is S.QUEUED:
-            if not cluster.nodes_placed:
-                return await self._place_queued(row_id, token)
-            return await self._transition(row_id, token, S.WAITING_FOR_CONTROL_PLANE)
+    async def _queued(self, s: ClusterStep) -> Outcome:
+        if not s.cluster.nodes_placed:
+            return of(await self._place_queued(s.row_id, s.token))
+        return of(await self._transition(s.row_id, s.token, S.WAITING_FOR_CONTROL_PLANE))
 
-        if status in (S.WAITING_FOR_CONTROL_PLANE, S.WAITING_FOR_BUILD):
-            waiting = layer.waiting_for_builds()
-            if waiting is not None:
-                return await self._transition(row_id, token, S.WAITING_FOR_BUILD, waiting)
-            if status is S.WAITING_FOR_BUILD:
-                return await self._transition(row_id, token, S.WAITING_FOR_CONTROL_PLANE)
-            if not await layer.ensure_control_plane(ref):
-                return False
-            await self._open_gateway(row_id, token, ref)
-            self.ctx.hints.notify(hints.NODES)  # nodes waiting to join can go now
-            return await self._transition(row_id, token, S.WAITING_FOR_VOLUME)
+    async def _control_plane(self, s: ClusterStep) -> Outcome:
+        waiting = s.layer.waiting_for_builds()
+        if waiting is not None:
+            return of(await self._transition(s.row_id, s.token, S.WAITING_FOR_BUILD, waiting))
+        if s.status is S.WAITING_FOR_BUILD:
+            return of(await self._transition(s.row_id, s.token, S.WAITING_FOR_CONTROL_PLANE))
+        if not await s.layer.ensure_control_plane(s.ref):
+            return WAIT
+        await self._open_gateway(s.row_id, s.token, s.ref)
+        self.ctx.hints.notify(hints.NODES)  # nodes waiting to join can go now
+        return of(await self._transition(s.row_id, s.token, S.WAITING_FOR_VOLUME))
 
-        if status is S.WAITING_FOR_VOLUME:
-            return await self._bind_volume(row_id, token)
+    async def _waiting_for_volume(self, s: ClusterStep) -> Outcome:
+        return of(await self._bind_volume(s.row_id, s.token))
 
-        if (
-            cluster.status in _POOL_STATUSES
-            and cluster.num_preemptible_gpus > 0
-            and await self._fill_pool(row_id, token)
-        ):
-            return True
-
-        standard = [
-            n for n in nodes if n.compute_class == ComputeClass.STANDARD.value and not n.to_delete
-        ]
-        failed = [n for n in standard if n.phase == NodePhase.FAILED.value]
-        running = [n for n in standard if n.phase == NodePhase.RUNNING.value]
-        wanted = cluster.num_gpus // 8
-
-        if status is S.WAITING_FOR_NODES:
-            if failed:
-                names = ", ".join(n.name for n in failed)
-                # A cluster that was ready before (this is a scale-up) only
-                # degrades; one that never became ready has failed.
-                was_ready = await self._was_ready(row_id)
-                return await self._transition(
-                    row_id,
-                    token,
+    async def _waiting_for_nodes(self, s: ClusterStep) -> Outcome:
+        failed, running, wanted = s.standard_counts()
+        if failed:
+            names = ", ".join(n.name for n in failed)
+            # A cluster that was ready before (this is a scale-up) only
+            # degrades; one that never became ready has failed.
+            was_ready = await self._was_ready(s.row_id)
+            return of(
+                await self._transition(
+                    s.row_id,
+                    s.token,
                     S.DEGRADED if was_ready else S.FAILED,
                     f"node(s) failed to come up: {names}: {failed[0].message}",
                 )
-            if len(running) >= wanted:
-                return await self._transition(row_id, token, S.RUNNING_ACCEPTANCE_TESTS)
-            return await self._transition(
-                row_id, token, S.WAITING_FOR_NODES, f"{len(running)}/{wanted} nodes running"
             )
-
-        if status is S.RUNNING_ACCEPTANCE_TESTS:
-            # Acceptance tests at provisioning arrive with the health-check
-            # work; until then a node that joined is accepted.
-            return await self._transition(
-                row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
+        if len(running) >= wanted:
+            return of(await self._transition(s.row_id, s.token, S.RUNNING_ACCEPTANCE_TESTS))
+        return of(
+            await self._transition(
+                s.row_id, s.token, S.WAITING_FOR_NODES, f"{len(running)}/{wanted} nodes running"
             )
+        )
 
-        if status in (S.READY, S.DEGRADED) and row_id in self._to_verify:
+    async def _acceptance_tests(self, s: ClusterStep) -> Outcome:
+        # Each node passed its acceptance tests before it counted as
+        # running (the node reconciler runs them); nothing is left here.
+        _, running, wanted = s.standard_counts()
+        return of(
+            await self._transition(
+                s.row_id, s.token, S.READY, f"{len(running)}/{wanted} nodes running"
+            )
+        )
+
+    async def _usable(self, s: ClusterStep) -> Outcome:
+        """Ready or degraded: re-checked once per server process, new
+        configuration applied, and the status following the nodes."""
+        row_id, token = s.row_id, s.token
+        if row_id in self._to_verify:
             # First look since this process started: make sure the control
             # plane is really there (daemons restarted, service nodes rebuilt).
-            if not await layer.ensure_control_plane(ref):
-                return False
-            await self._open_gateway(row_id, token, ref)
+            if not await s.layer.ensure_control_plane(s.ref):
+                return WAIT
+            await self._open_gateway(row_id, token, s.ref)
             self._to_verify.discard(row_id)
-            return True
-
-        if status in (S.READY, S.DEGRADED) and (
-            cluster.applied_config_generation != cluster.config_generation
-        ):
-            generation = cluster.config_generation
-            await layer.apply_config(ref)
-            await self._open_gateway(row_id, token, ref)  # egress may have changed
+            return MOVED
+        if s.cluster.applied_config_generation != s.cluster.config_generation:
+            generation = s.cluster.config_generation
+            await s.layer.apply_config(s.ref)
+            await self._open_gateway(row_id, token, s.ref)  # egress may have changed
             async with self.ctx.sessionmaker() as session:
                 await leases.fence(
                     session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
@@ -440,17 +543,12 @@ class ClusterReconciler(SteppedReconciler):
                 row = await session.get_one(Cluster, row_id)
                 row.applied_config_generation = generation
                 await session.commit()
-            return True
-
-        if status in (S.READY, S.DEGRADED):
-            if failed or len(running) < wanted:
-                return await self._transition(
-                    row_id, token, S.DEGRADED, f"{len(running)}/{wanted} nodes running"
-                )
-            return await self._transition(
-                row_id, token, S.READY, f"{len(running)}/{wanted} nodes running"
-            )
-        return False
+            return MOVED
+        failed, running, wanted = s.standard_counts()
+        status = S.DEGRADED if failed or len(running) < wanted else S.READY
+        return of(
+            await self._transition(row_id, token, status, f"{len(running)}/{wanted} nodes running")
+        )
 
     async def _open_gateway(self, row_id: str, token: str, ref: ClusterRef) -> None:
         """The cluster's gateway ports (given now to clusters made before
@@ -492,7 +590,11 @@ class ClusterReconciler(SteppedReconciler):
             cluster = await session.get_one(Cluster, row_id)
             if cluster.status == S.DELETING.value:
                 return False  # a delete arrived meanwhile; next pass handles it
-            changed = await set_cluster_status(session, cluster, status.value, message)
+            changed = await set_cluster_status(
+                session, cluster, status.value, message, deadlines=self.deadlines
+            )
+            if status is S.WAITING_FOR_VOLUME and cluster.control_plane_ready_at is None:
+                cluster.control_plane_ready_at = utcnow()
             await session.commit()
         if status is S.READY:
             self._to_verify.discard(row_id)  # it just got here: nothing to re-check
@@ -519,7 +621,9 @@ class ClusterReconciler(SteppedReconciler):
                     )
                     await session.commit()
                     return True
-            await set_cluster_status(session, cluster, S.WAITING_FOR_NODES.value)
+            await set_cluster_status(
+                session, cluster, S.WAITING_FOR_NODES.value, deadlines=self.deadlines
+            )
             await session.commit()
         self.ctx.hints.notify(hints.NODES)
         return True

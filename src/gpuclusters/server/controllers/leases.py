@@ -6,7 +6,12 @@
   the lease only if our token still matches. Its UPDATE takes the row's write
   lock (PostgreSQL) or the database write lock (SQLite) until commit, so
   nobody can steal the row between the check and our write.
-* ``release`` clears the lease if it is still ours.
+* ``renew`` is the heartbeat: it pushes our lease's expiry out while a step
+  runs (controllers/base.py), fenced by the token like every write.
+* ``release`` clears the lease if it is still ours, and records the outcome
+  of the work: a success clears ``retries``/``last_error``/``next_attempt_at``,
+  a failure (``release_failed``) counts it and sets when to try again.
+  ``claim`` does not take a row before its ``next_attempt_at``.
 * ``release_dead_owners`` frees leases of processes on this machine that are
   gone (a server killed with -9), so a restart does not wait for expiry.
 * ``hold_named`` / ``release_named``: the same compare-and-set on a row of
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
@@ -60,6 +66,7 @@ async def claim(
         update(model)
         .where(model.id == row_id)
         .where(or_(model.lock_expires_at.is_(None), model.lock_expires_at < now))
+        .where(or_(model.next_attempt_at.is_(None), model.next_attempt_at <= now))
         .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
         .execution_options(synchronize_session=False)
     )
@@ -81,14 +88,72 @@ async def fence(
         raise LeaseLost(f"{model.__tablename__} {row_id}: lease lost")
 
 
-async def release(session: AsyncSession, model: LeasedModel, row_id: str, *, token: str) -> None:
-    await session.execute(
+async def renew(
+    session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, ttl_s: float
+) -> bool:
+    """Push our lease's expiry out (the heartbeat); False if it is not ours."""
+    result = await session.execute(
         update(model)
         .where(model.id == row_id, model.lock_token == token)
-        .values(lock_owner=None, lock_token=None, lock_expires_at=None)
+        .values(lock_expires_at=_expiry(ttl_s))
         .execution_options(synchronize_session=False)
     )
     await session.commit()
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+async def release(
+    session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, succeeded: bool = False
+) -> None:
+    """Give the lease up; after a step that succeeded, also clear the record
+    of earlier failures (the same statement, so it costs nothing)."""
+    values: dict[str, object] = {"lock_owner": None, "lock_token": None, "lock_expires_at": None}
+    if succeeded:
+        values.update(retries=0, last_error=None, next_attempt_at=None)
+    await session.execute(
+        update(model)
+        .where(model.id == row_id, model.lock_token == token)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    await session.commit()
+
+
+async def release_failed(
+    session: AsyncSession,
+    model: LeasedModel,
+    row_id: str,
+    *,
+    token: str,
+    error: str,
+    delay_s: Callable[[int], float],
+) -> tuple[int, float] | None:
+    """Give the lease up after a failed attempt: count it, keep its error and
+    set when the next may start (``delay_s(retries)``). Returns the retries
+    and the delay, or None if the lease was no longer ours."""
+    retries = await session.scalar(
+        select(model.retries).where(model.id == row_id, model.lock_token == token)
+    )
+    if retries is None:
+        await session.rollback()
+        return None
+    retries += 1
+    delay = delay_s(retries)
+    await session.execute(
+        update(model)
+        .where(model.id == row_id, model.lock_token == token)
+        .values(
+            lock_owner=None,
+            lock_token=None,
+            lock_expires_at=None,
+            retries=retries,
+            last_error=error[:4000],
+            next_attempt_at=utcnow() + timedelta(seconds=delay),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    await session.commit()
+    return retries, delay
 
 
 async def hold_named(session: AsyncSession, name: str, *, owner: str, ttl_s: float) -> bool:

@@ -24,22 +24,32 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import idblocks
-from gpuclusters.core.enums import EventReason, NodePhase
-from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef, PermanentLayerError
-from gpuclusters.providers.base import InstanceState, PermanentProviderError
+from gpuclusters.core.deadlines import NODE_FINISH_AT_DEADLINE, deadline_at
+from gpuclusters.core.enums import EventReason, HostAgentStatus, HostState, NodePhase
+from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
+from gpuclusters.providers.base import InstanceState
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
 from gpuclusters.server.controllers.health_runs import (
     ACCEPTANCE,
     record_outcome,
     run_check_on_node,
+)
+from gpuclusters.server.controllers.outcomes import (
+    MOVED,
+    WAIT,
+    Outcome,
+    StepFailed,
+    fail,
+    moved,
 )
 from gpuclusters.server.controllers.refs import (
     cluster_ref,
@@ -62,11 +72,45 @@ AGENT_TOKEN_PATH = "/etc/gpuclusters/agent-token"
 PREEMPTION_NOTICE = "/run/gpuclusters/preemption.json"
 
 
-# Node phases a cluster's status counts (see ``reconcile``).
+# Node phases a cluster's status counts (see ``settled``).
 _CLUSTER_SEES = {P.RUNNING.value, P.FAILED.value, P.DELETED.value}
 # Phases in which a node moves by itself; running, failed and repairing
 # nodes wait for something else (a delete, a repair, a restart's check).
 _ACTIVE = tuple(p.value for p in P if p not in (P.RUNNING, P.FAILED, P.REPAIRING, P.DELETED))
+
+
+@dataclass(slots=True)
+class NodeStep:
+    """What one step of one node sees, loaded afresh for each step (nothing
+    is carried between steps but the row itself)."""
+
+    row_id: str
+    token: str
+    node: Node
+    cluster: Cluster
+    host: Host | None
+    layer: ClusterLayer
+    cref: ClusterRef
+    nref: NodeRef
+    # The phase's deadline passed: a release skips what still fails.
+    overdue: bool = False
+
+    @property
+    def phase(self) -> NodePhase:
+        return P(self.node.phase)
+
+    @property
+    def forced(self) -> str | None:
+        """Why failing release steps are skipped at once: a forced delete of
+        the cluster, or the release's deadline passed."""
+        if self.cluster.force_delete_reason:
+            return f"delete forced: {self.cluster.force_delete_reason}"
+        if self.overdue:
+            return f"{self.node.phase} passed its deadline"
+        return None
+
+
+Handler = Callable[[NodeStep], Awaitable[Outcome]]
 
 
 class NodeReconciler(SteppedReconciler):
@@ -84,11 +128,25 @@ class NodeReconciler(SteppedReconciler):
         # dead daemons), rebuilt if the instance is gone (e.g. the host
         # rebooted). Nodes that reach running later were just joined.
         self._to_verify = rt.nodes_to_verify
-        # While a node is in a pass: its cluster, and its phase at the start
-        # and after the last write.
-        self._cluster_of: dict[str, str] = {}
-        self._phase_before: dict[str, str] = {}
-        self._phase_after: dict[str, str] = {}
+        # One handler per phase: the way up, and the way out once the node
+        # is marked ``to_delete`` (preempted nodes take _preempt first).
+        self.create_path: dict[NodePhase, Handler] = {
+            P.PENDING: self._pending,
+            P.SCHEDULING: self._scheduling,
+            P.BOOTING: self._booting,
+            P.BOOTSTRAPPING: self._bootstrapping,
+            P.RUNNING: self._verify,
+        }
+        self.delete_path: dict[NodePhase, Handler] = {
+            P.RUNNING: self._cordon,
+            P.BOOTSTRAPPING: self._cordon,
+            P.DRAINING: self._drain,
+            P.RELEASING: self._release,
+        }
+
+    @property
+    def deadlines(self) -> dict[str, float]:
+        return self.rt.settings.node_phase_deadlines_s
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         """Live nodes in a phase with work to do, by index (never the whole
@@ -117,21 +175,23 @@ class NodeReconciler(SteppedReconciler):
         )
         return [*active, *(ids & self._to_verify)]
 
-    async def reconcile(self, row_id: str, token: str) -> bool:
-        try:
-            changed = await super().reconcile(row_id, token)
-        finally:
-            cluster_id = self._cluster_of.pop(row_id, None)
-            before = self._phase_before.pop(row_id, None)
-            after = self._phase_after.pop(row_id, before)
+    async def settled(self, row_id: str, taken: list[Outcome]) -> None:
         # The cluster's status follows its running, failed and deleted nodes:
         # wake that one cluster when one of those counts moved (a node
         # passing from booting to bootstrapping changes nothing for it).
-        if cluster_id is not None and before != after and {before, after} & _CLUSTER_SEES:
-            self.ctx.hints.notify_rows(hints.CLUSTERS, [cluster_id])
-        return changed
+        moves = [o.moved for o in taken if o.moved is not None]
+        if not moves:
+            return
+        before, after = moves[0][0], moves[-1][1]
+        if before != after and {before, after} & _CLUSTER_SEES:
+            async with self.ctx.sessionmaker() as session:
+                cluster_id = await session.scalar(select(Node.cluster_id).where(Node.id == row_id))
+            if cluster_id is not None:
+                self.ctx.hints.notify_rows(hints.CLUSTERS, [cluster_id])
 
-    async def step(self, row_id: str, token: str) -> bool:
+    async def load(self, row_id: str, token: str) -> NodeStep | None:
+        """The node, its cluster and host, and the refs layers take; None
+        for a deleted node."""
         async with self.ctx.sessionmaker() as session:
             node, cluster, host = (
                 await session.execute(
@@ -141,8 +201,8 @@ class NodeReconciler(SteppedReconciler):
                     .where(Node.id == row_id)
                 )
             ).one()
-            self._cluster_of[row_id] = cluster.id
-            self._phase_before.setdefault(row_id, node.phase)
+            if node.deleted_at is not None:
+                return None
             # SSH access only where a join may (re)start the node's sshd.
             joining = node.phase in (P.BOOTSTRAPPING.value, P.RUNNING.value)
             # The cluster as layers see it (its members, its other nodes) only
@@ -150,99 +210,200 @@ class NodeReconciler(SteppedReconciler):
             # do not, and loading it costs a query per member table.
             cref = (
                 await load_cluster_ref(session, cluster, self.rt, ssh=joining, users=joining)
-                if node.deleted_at is None and (node.to_delete or joining)
+                if node.to_delete or joining
                 else cluster_ref(cluster)
             )
-        phase = P(node.phase)
-        layer = self.rt.layer_for(cluster.cluster_type)
-        nref = node_ref(node, host)
+        return NodeStep(
+            row_id=row_id,
+            token=token,
+            node=node,
+            cluster=cluster,
+            host=host,
+            layer=self.rt.layer_for(cluster.cluster_type),
+            cref=cref,
+            nref=node_ref(node, host),
+        )
 
-        if node.deleted_at is not None or phase is not P.RUNNING:
+    def deadline(self, node: Node) -> datetime | None:
+        """The phase's deadline: as written when the phase was entered, or
+        (a node made in its phase, e.g. pending) from when it was entered."""
+        if node.phase_deadline_at is not None:
+            return node.phase_deadline_at
+        return deadline_at(self.deadlines, node.phase, node.phase_changed_at)
+
+    async def step(self, row_id: str, token: str) -> Outcome:
+        s = await self.load(row_id, token)
+        if s is None or s.phase is not P.RUNNING:
             self._to_verify.discard(row_id)  # only running nodes are checked
-        if node.deleted_at is not None:
-            return False
+        if s is None:
+            return WAIT
+        deadline = self.deadline(s.node)
+        if deadline is not None and utcnow() >= deadline:
+            if s.node.phase not in NODE_FINISH_AT_DEADLINE and not s.node.to_delete:
+                limit = self.deadlines.get(s.node.phase, 0)
+                why = f"still {s.node.phase} after its deadline ({limit:.0f} s)"
+                if s.node.last_error:
+                    why += f"; last error: {s.node.last_error}"
+                return fail(why)
+            s.overdue = True
+        if s.node.to_delete and s.node.delete_reason == PREEMPTED and s.phase is not P.RELEASING:
+            return await self._preempt(s)
+        if s.node.to_delete:
+            return await self.delete_path.get(s.phase, self._to_releasing)(s)
+        handler = self.create_path.get(s.phase)
+        return WAIT if handler is None else await handler(s)
 
-        if node.to_delete and node.delete_reason == PREEMPTED and phase is not P.RELEASING:
-            return await self._preempt(row_id, token, node, cluster, layer, cref, nref)
+    async def fail(self, row_id: str, token: str, reason: str) -> None:
+        """A permanent error, or a deadline passed: the node fails with the
+        reason (its repair policy takes over from there; docs/health.md).
+        A node being deleted does not fail: its release goes on."""
+        async with self.ctx.sessionmaker() as session:
+            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
+            node = await session.get_one(Node, row_id)
+            to_delete = node.to_delete
+        if to_delete:
+            raise StepFailed(reason)
+        await self._write(row_id, token, phase=P.FAILED, message=reason)
 
-        if node.to_delete:
-            if phase in (P.RUNNING, P.BOOTSTRAPPING):
-                await layer.cordon(cref, nref, reason=DRAIN_REASON)
-                return await self._write(row_id, token, phase=P.DRAINING, cordoned=True)
-            if phase is P.DRAINING:
-                deadline = node.phase_changed_at + timedelta(seconds=self.drain_timeout_s)
-                done = await layer.drain(cref, nref, reason=DRAIN_REASON, deadline=deadline)
-                if not done and utcnow() < deadline:
-                    return False
-                return await self._write(row_id, token, phase=P.RELEASING)
-            if phase is not P.RELEASING:
-                return await self._write(row_id, token, phase=P.RELEASING)
-            await layer.remove_node(cref, nref)
-            await self.rt.provider.delete(node.id)
-            return await self._write(row_id, token, phase=P.DELETED, deleted=True)
+    # -- the way up ------------------------------------------------------------
 
-        if phase is P.PENDING and node.host_id is None and node.awaited_host_id is not None:
-            return await self._take_awaited_host(row_id, token)
+    async def _pending(self, s: NodeStep) -> Outcome:
+        if s.node.host_id is None and s.node.awaited_host_id is not None:
+            return await self._take_awaited_host(s.row_id, s.token)
+        return await self._write(
+            s.row_id, s.token, phase=P.SCHEDULING, message=f"placed on {s.nref.host}"
+        )
 
-        if phase is P.PENDING:
+    async def _scheduling(self, s: NodeStep) -> Outcome:
+        if s.host is None:
+            return fail("no host assigned")
+        async with self.ctx.sessionmaker() as session:
+            id_block = await session.scalar(
+                select(Project.id_block).where(Project.id == s.cluster.project_id)
+            )
+        ids = idblocks.block(id_block or 0, self.rt.settings.id_blocks_start)
+        inst = await self.rt.provider.create(node_spec(s.node, s.cluster, s.host, ids))
+        if inst.state is InstanceState.FAILED:
+            return fail(inst.message)
+        return await self._write(s.row_id, s.token, phase=P.BOOTING)
+
+    async def _booting(self, s: NodeStep) -> Outcome:
+        inst = await self.rt.provider.status(s.node.id)
+        if inst.state is InstanceState.RUNNING:
+            return await self._write(s.row_id, s.token, phase=P.BOOTSTRAPPING)
+        if inst.state is InstanceState.FAILED:
+            return fail(inst.message)
+        if inst.state is InstanceState.MISSING:
             return await self._write(
-                row_id, token, phase=P.SCHEDULING, message=f"placed on {nref.host}"
+                s.row_id, s.token, phase=P.SCHEDULING, message="instance vanished while booting"
+            )
+        return WAIT
+
+    async def _bootstrapping(self, s: NodeStep) -> Outcome:
+        if s.node.agent_token_hash is None and self.rt.node_access is not None:
+            return await self._enroll_agent(s.row_id, s.token)
+        if not await s.layer.join_node(s.cref, s.nref):
+            return WAIT
+        failed = await self._acceptance(s.node, s.cluster)
+        if failed:
+            return fail(failed)
+        return await self._write(s.row_id, s.token, phase=P.RUNNING)
+
+    async def _verify(self, s: NodeStep) -> Outcome:
+        """A running node this process has not checked since it started."""
+        if s.row_id not in self._to_verify:
+            return WAIT
+        inst = await self.rt.provider.status(s.row_id)
+        if inst.state is InstanceState.MISSING:
+            return await self._write(
+                s.row_id, s.token, phase=P.SCHEDULING, message="instance lost; rebuilding"
+            )
+        if inst.state is InstanceState.RUNNING and not await s.layer.join_node(s.cref, s.nref):
+            return WAIT
+        self._to_verify.discard(s.row_id)
+        return WAIT
+
+    # -- the way out -------------------------------------------------------------
+
+    def _layer_gone(self, s: NodeStep) -> str | None:
+        """Why the cluster's layer has nothing to undo for this node: its
+        control plane never came up."""
+        if s.cluster.control_plane_ready_at is None:
+            return "the cluster's control plane never came up"
+        return None
+
+    async def _layer_step(
+        self, s: NodeStep, what: str, call: Callable[[], Awaitable[object]]
+    ) -> tuple[bool, str | None]:
+        """Run a layer step of a release. Returns (done, skipped): a step
+        that fails is skipped (with the reason, recorded as an event) when
+        the layer never came up or the release is forced; otherwise the
+        failure is raised to be retried with backoff."""
+        gone = self._layer_gone(s)
+        try:
+            await call()
+        except Exception as exc:
+            why = gone or s.forced
+            if why is None:
+                raise StepFailed(f"{what}: {exc}") from exc
+            return True, f"{what} skipped ({why}): {exc}"
+        return True, None
+
+    async def _cordon(self, s: NodeStep) -> Outcome:
+        _, skipped = await self._layer_step(
+            s, "cordon", lambda: s.layer.cordon(s.cref, s.nref, reason=DRAIN_REASON)
+        )
+        return await self._write(
+            s.row_id, s.token, phase=P.DRAINING, cordoned=True, skipped=[skipped]
+        )
+
+    async def _drain(self, s: NodeStep) -> Outcome:
+        deadline = s.node.phase_changed_at + timedelta(seconds=self.drain_timeout_s)
+        result: list[bool] = []
+
+        async def drain() -> None:
+            result.append(
+                await s.layer.drain(s.cref, s.nref, reason=DRAIN_REASON, deadline=deadline)
             )
 
-        if phase is P.SCHEDULING:
-            if host is None:
-                return await self._write(row_id, token, phase=P.FAILED, message="no host assigned")
-            async with self.ctx.sessionmaker() as session:
-                id_block = await session.scalar(
-                    select(Project.id_block).where(Project.id == cluster.project_id)
-                )
-            ids = idblocks.block(id_block or 0, self.rt.settings.id_blocks_start)
-            try:
-                inst = await self.rt.provider.create(node_spec(node, cluster, host, ids))
-            except PermanentProviderError as exc:
-                return await self._write(row_id, token, phase=P.FAILED, message=str(exc))
-            if inst.state is InstanceState.FAILED:
-                return await self._write(row_id, token, phase=P.FAILED, message=inst.message)
-            return await self._write(row_id, token, phase=P.BOOTING)
+        _, skipped = await self._layer_step(s, "drain", drain)
+        done = skipped is not None or (result and result[0])
+        if not done and utcnow() < deadline and not s.forced:
+            return WAIT
+        return await self._write(s.row_id, s.token, phase=P.RELEASING, skipped=[skipped])
 
-        if phase is P.BOOTING:
-            inst = await self.rt.provider.status(node.id)
-            if inst.state is InstanceState.RUNNING:
-                return await self._write(row_id, token, phase=P.BOOTSTRAPPING)
-            if inst.state is InstanceState.FAILED:
-                return await self._write(row_id, token, phase=P.FAILED, message=inst.message)
-            if inst.state is InstanceState.MISSING:
-                return await self._write(
-                    row_id, token, phase=P.SCHEDULING, message="instance vanished while booting"
-                )
-            return False
+    async def _to_releasing(self, s: NodeStep) -> Outcome:
+        """A node marked for deletion before it ran: nothing to drain."""
+        return await self._write(s.row_id, s.token, phase=P.RELEASING)
 
-        if phase is P.RUNNING and row_id in self._to_verify:
-            inst = await self.rt.provider.status(row_id)
-            if inst.state is InstanceState.MISSING:
-                return await self._write(
-                    row_id, token, phase=P.SCHEDULING, message="instance lost; rebuilding"
-                )
-            if inst.state is InstanceState.RUNNING and not await layer.join_node(cref, nref):
-                return False
-            self._to_verify.discard(row_id)
-            return False
-
-        if phase is P.BOOTSTRAPPING:
-            if node.agent_token_hash is None and self.rt.node_access is not None:
-                return await self._enroll_agent(row_id, token)
-            try:
-                joined = await layer.join_node(cref, nref)
-            except PermanentLayerError as exc:
-                return await self._write(row_id, token, phase=P.FAILED, message=str(exc))
-            if not joined:
-                return False
-            failed = await self._acceptance(node, cluster)
-            if failed:
-                return await self._write(row_id, token, phase=P.FAILED, message=failed)
-            return await self._write(row_id, token, phase=P.RUNNING)
-
-        return False
+    async def _release(self, s: NodeStep) -> Outcome:
+        """Forget the node in the cluster's layer, then delete its instance.
+        A release always finishes: what cannot work is skipped with an
+        event (see ``_layer_step``), and an instance that cannot be deleted
+        (its host is gone, or past the deadline) leaves its host cordoned
+        for an operator rather than the node stuck."""
+        _, layer_skipped = await self._layer_step(
+            s, "removing the node from the cluster", lambda: s.layer.remove_node(s.cref, s.nref)
+        )
+        provider_skipped: str | None = None
+        host_removed = s.host is not None and s.host.agent_status == HostAgentStatus.REMOVED.value
+        try:
+            await self.rt.provider.delete(s.node.id)
+        except Exception as exc:
+            why = (f"host {s.host.name} was removed" if s.host and host_removed else None) or (
+                s.forced
+            )
+            if why is None:
+                raise StepFailed(f"deleting the instance: {exc}") from exc
+            provider_skipped = f"deleting the instance skipped ({why}): {exc}"
+        return await self._write(
+            s.row_id,
+            s.token,
+            phase=P.DELETED,
+            deleted=True,
+            skipped=[layer_skipped, provider_skipped],
+            cordon_host=provider_skipped is not None and not host_removed,
+        )
 
     async def _acceptance(self, node: Node, cluster: Cluster) -> str:
         """Acceptance tests before a (re)joined node counts as running: each
@@ -294,37 +455,32 @@ class NodeReconciler(SteppedReconciler):
                 return f"acceptance test {check} failed: {row.reason}"
         return ""
 
-    async def _take_awaited_host(self, row_id: str, token: str) -> bool:
+    async def _take_awaited_host(self, row_id: str, token: str) -> Outcome:
         """Take the awaited host once no live node holds it any more."""
         async with self.ctx.sessionmaker() as session:
             await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
             node = await session.get_one(Node, row_id)
             host_id = node.awaited_host_id
             if host_id is None:
-                return False
+                return WAIT
             holder = await session.scalar(
                 select(Node.id).where(Node.host_id == host_id, Node.deleted_at.is_(None))
             )
             if holder is not None:
-                return False  # still being released; its deletion hints us
+                return WAIT  # still being released; its deletion hints us
             host = await session.get_one(Host, host_id)
             node.host_id, node.awaited_host_id = host_id, None
-            set_node_phase(node, P.SCHEDULING.value, f"placed on {host.name}")
+            set_node_phase(
+                node, P.SCHEDULING.value, f"placed on {host.name}", deadlines=self.deadlines
+            )
             await session.commit()
-        return True
+        return moved(P.PENDING.value, P.SCHEDULING.value)
 
-    async def _preempt(
-        self,
-        row_id: str,
-        token: str,
-        node: Node,
-        cluster: Cluster,
-        layer: ClusterLayer,
-        cref: ClusterRef,
-        nref: NodeRef,
-    ) -> bool:
+    async def _preempt(self, s: NodeStep) -> Outcome:
         """One step of the preemption protocol (see module docstring)."""
-        phase = P(node.phase)
+        row_id, token, node, cluster = s.row_id, s.token, s.node, s.cluster
+        layer, cref, nref = s.layer, s.cref, s.nref
+        phase = s.phase
         why = node.message or "host reclaimed for standard capacity"
         if phase in (P.RUNNING, P.BOOTSTRAPPING) or (
             phase is P.DRAINING and node.preempt_deadline is None
@@ -336,7 +492,7 @@ class NodeReconciler(SteppedReconciler):
             async with self.ctx.sessionmaker() as session:
                 await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
                 row = await session.get_one(Node, row_id)
-                set_node_phase(row, P.DRAINING.value, why)
+                set_node_phase(row, P.DRAINING.value, why, deadlines=self.deadlines)
                 row.preempt_deadline = deadline
                 row.cordoned = True
                 await record_event(
@@ -347,8 +503,7 @@ class NodeReconciler(SteppedReconciler):
                     f"have exited, at {deadline.isoformat(timespec='seconds')} at the latest",
                 )
                 await session.commit()
-            self._phase_after[row_id] = P.DRAINING.value
-            return True
+            return moved(phase.value, P.DRAINING.value)
 
         if phase is P.DRAINING:
             assert node.preempt_deadline is not None
@@ -367,7 +522,7 @@ class NodeReconciler(SteppedReconciler):
             done = await layer.preemption_done(cref, nref, reason=reason, deadline=deadline)
             now = utcnow()
             if not done and now < deadline:
-                return False
+                return WAIT
             t0 = deadline - timedelta(seconds=self.rt.settings.preemption_grace_s)
             took = max(0.0, (now - t0).total_seconds())
             how = "its workloads exited" if done else "the grace period ended"
@@ -411,7 +566,7 @@ class NodeReconciler(SteppedReconciler):
         except Exception as exc:  # a node that is gone has no workloads to tell
             log.info("preemption notice on %s not written: %s", node.name, exc)
 
-    async def _enroll_agent(self, row_id: str, token: str) -> bool:
+    async def _enroll_agent(self, row_id: str, token: str) -> Outcome:
         """Give the node's agent its token (only the hash is kept) and learn
         the node's address. Re-running makes a new token: harmless, the old
         one was never recorded."""
@@ -426,7 +581,7 @@ class NodeReconciler(SteppedReconciler):
             node.agent_token_hash = hash_key(agent_token)
             node.address = shell.address
             await session.commit()
-        return True
+        return MOVED
 
     async def _write(
         self,
@@ -438,13 +593,18 @@ class NodeReconciler(SteppedReconciler):
         cordoned: bool | None = None,
         deleted: bool = False,
         event: tuple[EventReason, str] | None = None,
-    ) -> bool:
+        skipped: Sequence[str | None] = (),
+        cordon_host: bool = False,
+    ) -> Outcome:
+        """Move the node to ``phase`` (fenced), with what goes with it:
+        metering, events, the steps a release skipped."""
         async with self.ctx.sessionmaker() as session:
             await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
             node = await session.get_one(Node, row_id)
+            before = node.phase
             if node.phase == phase.value and not deleted:
-                return False
-            set_node_phase(node, phase.value, message)
+                return WAIT
+            set_node_phase(node, phase.value, message, deadlines=self.deadlines)
             if cordoned is not None:
                 node.cordoned = cordoned
             if phase is P.SCHEDULING:
@@ -463,6 +623,20 @@ class NodeReconciler(SteppedReconciler):
                 await close_usage(session, node)  # billing stops at release
             if event is not None:
                 await record_event(session, node, event[0], event[1])
+            for note in skipped:
+                if note:
+                    await record_event(session, node, EventReason.STEP_SKIPPED, note)
+            if cordon_host and node.host_id is not None:
+                # Its instance may still be there: nothing new lands on the
+                # host until an operator has looked (hosts uncordon).
+                host = await session.get_one(Host, node.host_id)
+                host.state = HostState.CORDONED.value
+                await record_event(
+                    session,
+                    node,
+                    EventReason.HOST_CORDONED,
+                    f"host {host.name} cordoned: the instance of {node.name} may still be there",
+                )
             if deleted:
                 node.deleted_at = utcnow()
                 if node.delete_reason == "scale_down":
@@ -473,5 +647,4 @@ class NodeReconciler(SteppedReconciler):
                         f"node {node.name} removed by scale-down",
                     )
             await session.commit()
-        self._phase_after[row_id] = phase.value
-        return True
+        return moved(before, phase.value)

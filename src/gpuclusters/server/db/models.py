@@ -74,9 +74,19 @@ class Base(DeclarativeBase):
 
 
 class LeaseMixin:
+    """A row the controllers work on: its lease, and the outcome of the last
+    attempt (kept on the row, not in a process's memory, so a restart or
+    another replica goes on with the same backoff and users see why a row
+    is stuck; controllers/base.py)."""
+
     lock_owner: Mapped[str | None] = mapped_column(String(64), default=None)
     lock_token: Mapped[str | None] = mapped_column(String(32), default=None)
     lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Failed attempts in a row (0 after a step that succeeds), the last one's
+    # error, and when the next may start (the backoff).
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class Organization(Base):
@@ -270,6 +280,15 @@ class Cluster(LeaseMixin, Base):
     kubernetes_port: Mapped[int | None] = mapped_column(Integer, default=None)
     # Nodes reach networks outside the machine through NAT on the host.
     egress: Mapped[bool] = mapped_column(Boolean, default=True)
+    # When the current status must be left by (settings'
+    # cluster_phase_deadlines_s; None: no deadline).
+    phase_deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # When the control plane first came up: a delete skips the layer steps
+    # of a cluster whose control plane never did (there is nothing to undo).
+    control_plane_ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # ``clusters delete --force``: who forced it and why (layer and provider
+    # steps that fail are then skipped at once, each with an event).
+    force_delete_reason: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
@@ -333,6 +352,8 @@ class Node(LeaseMixin, Base):
     gpu_backend: Mapped[str | None] = mapped_column(String(16), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     phase_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # When the current phase must be left by (settings' node_phase_deadlines_s).
+    phase_deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 

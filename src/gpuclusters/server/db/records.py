@@ -4,9 +4,16 @@ They only add to the caller's session; the caller owns the transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core.deadlines import (
+    CLUSTER_PHASE_DEADLINES_S,
+    NODE_PHASE_DEADLINES_S,
+    deadline_at,
+)
 from gpuclusters.core.enums import GPUS_PER_NODE
 from gpuclusters.server.db.capacity import billing_for
 from gpuclusters.server.db.models import (
@@ -20,14 +27,25 @@ from gpuclusters.server.db.models import (
 
 
 async def set_cluster_status(
-    session: AsyncSession, cluster: Cluster, status: str, message: str = ""
+    session: AsyncSession,
+    cluster: Cluster,
+    status: str,
+    message: str = "",
+    *,
+    deadlines: Mapping[str, float] | None = None,
 ) -> bool:
-    """Move the cluster to ``status`` and append it to the phase history.
+    """Move the cluster to ``status`` and append it to the phase history;
+    a new status gets its deadline (``deadlines``: settings'
+    cluster_phase_deadlines_s, else the defaults) and a clean retry record.
     Returns False (and writes nothing) if it is already there."""
     if cluster.status == status and cluster.status_message == message:
         return False
     now = utcnow()
     if cluster.status != status:
+        cluster.phase_deadline_at = deadline_at(
+            CLUSTER_PHASE_DEADLINES_S if deadlines is None else deadlines, status, now
+        )
+        forget_failures(cluster)
         seq = (
             await session.scalar(
                 select(func.coalesce(func.max(ClusterPhase.seq), 0)).where(
@@ -72,10 +90,29 @@ async def record_event(session: AsyncSession, node: Node, reason: str, message: 
     )
 
 
-def set_node_phase(node: Node, phase: str, message: str = "") -> None:
+def set_node_phase(
+    node: Node, phase: str, message: str = "", *, deadlines: Mapping[str, float] | None = None
+) -> None:
+    """Move the node to ``phase``, with its deadline (``deadlines``:
+    settings' node_phase_deadlines_s, else the defaults) and a clean retry
+    record."""
+    now = utcnow()
+    if node.phase != phase:
+        forget_failures(node)
     node.phase = phase
     node.message = message
-    node.phase_changed_at = utcnow()
+    node.phase_changed_at = now
+    node.phase_deadline_at = deadline_at(
+        NODE_PHASE_DEADLINES_S if deadlines is None else deadlines, phase, now
+    )
+
+
+def forget_failures(row: Node | Cluster) -> None:
+    """Clear a row's retry record: it moved on, or was asked for something
+    new (a delete), which is tried at once rather than after the backoff."""
+    row.retries = 0
+    row.last_error = None
+    row.next_attempt_at = None
 
 
 async def open_usage(session: AsyncSession, node: Node, cluster: Cluster) -> None:

@@ -44,7 +44,7 @@ from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
 from gpuclusters.server.db.gateway import assign_ports
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
 from gpuclusters.server.db.paging import page_of
-from gpuclusters.server.db.records import record_event, set_cluster_status
+from gpuclusters.server.db.records import forget_failures, record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.catalog import check_region
@@ -480,7 +480,13 @@ async def delete_cluster(
     cluster = await _get_live(session, project, name)
     if cluster.status != ClusterStatus.DELETING.value:
         cluster.delete_volume = delete_volume
-        await set_cluster_status(session, cluster, ClusterStatus.DELETING.value, "delete requested")
+        await set_cluster_status(
+            session,
+            cluster,
+            ClusterStatus.DELETING.value,
+            "delete requested",
+            deadlines=rt.settings.cluster_phase_deadlines_s,
+        )
         nodes = await session.scalars(
             select(Node).where(Node.cluster_id == cluster.id, Node.deleted_at.is_(None))
         )
@@ -488,6 +494,7 @@ async def delete_cluster(
             if not n.to_delete:
                 n.to_delete = True
                 n.delete_reason = "cluster_delete"
+                forget_failures(n)  # a node in its backoff is released at once
     elif delete_volume and not cluster.delete_volume:
         cluster.delete_volume = True
     await session.flush()
