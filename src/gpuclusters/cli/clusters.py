@@ -43,6 +43,7 @@ from gpuclusters.cli.nodes import nodes_table
 from gpuclusters.cli.progress import WaitProgress
 from gpuclusters.cli.render import (
     age,
+    attempt_rows,
     clock,
     details,
     emit,
@@ -113,6 +114,13 @@ def cluster_detail(c: Cluster) -> RenderableType:
             ("project", c.project),
             ("type", c.cluster_type.value),
             ("status", status),
+            *attempt_rows(
+                retries=c.retries,
+                last_error=c.last_error,
+                next_attempt_at=c.next_attempt_at,
+                phase_deadline_at=c.phase_deadline_at,
+            ),
+            ("delete forced", optional(c.force_delete_reason)),
             ("region", c.region),
             ("gpu type", c.gpu_type),
             ("gpus", str(c.num_gpus)),
@@ -371,16 +379,33 @@ def delete(
     ] = False,
     wait: Annotated[bool, typer.Option("--wait", help="wait until it is gone")] = False,
     wait_timeout: WaitTimeoutOpt = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="organization admins: skip the release steps that fail (each is recorded "
+            "as an event) instead of retrying them; needs --reason",
+        ),
+    ] = False,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="why the delete is forced (recorded)")
+    ] = None,
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="accepted for scripts; delete never prompts")
     ] = False,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Delete a cluster (never prompts)."""
+    """Delete a cluster (never prompts). A delete always finishes: steps that
+    cannot work are skipped with an event, at once where the cluster never
+    came up, else at the deadline (or at once with --force)."""
     del yes  # deletion is always non-interactive
+    if reason is not None and not force:
+        raise typer.BadParameter("--reason goes with --force", param_hint="--reason")
     with open_client(project) as client:
-        cluster = client.clusters.delete(name, delete_volume=delete_volume)
+        cluster = client.clusters.delete(
+            name, delete_volume=delete_volume, force_reason=(reason or "") if force else None
+        )
         if not wait:
             _show(output, cluster)
             return

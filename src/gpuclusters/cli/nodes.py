@@ -24,7 +24,16 @@ from gpuclusters.cli.context import (
     one_or_every_page,
     open_client,
 )
-from gpuclusters.cli.render import age, clock, details, emit, optional, state, table
+from gpuclusters.cli.render import (
+    age,
+    attempt_rows,
+    clock,
+    details,
+    emit,
+    optional,
+    state,
+    table,
+)
 from gpuclusters.core.models import Node, NodeEvent
 
 app = typer.Typer(help="Inspect nodes (the 8-GPU machines of a cluster).", no_args_is_help=True)
@@ -55,6 +64,12 @@ def node_detail(n: Node) -> RenderableType:
             ("class", n.compute_class.value),
             ("phase", _phase(n)),
             ("message", optional(n.message)),
+            *attempt_rows(
+                retries=n.retries,
+                last_error=n.last_error,
+                next_attempt_at=n.next_attempt_at,
+                phase_deadline_at=n.phase_deadline_at,
+            ),
             ("gpus", f"{n.num_gpus} x {n.gpu_type} ({n.gpu_backend or 'unknown'})"),
             ("auto-repair", "on" if n.auto_repair else "off"),
             ("created", clock(n.created_at)),

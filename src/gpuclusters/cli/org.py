@@ -337,10 +337,29 @@ def hosts_drain(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
 
 @hosts_app.command("remove")
 @api_command
-def hosts_remove(name: HostArg, output: OutputOpt = OutputFormat.TABLE) -> None:
+def hosts_remove(
+    name: HostArg,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="the host is gone for good: remove it with its nodes (they fail with the "
+            "reason); needs --reason",
+        ),
+    ] = False,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="why it is forced (recorded on its nodes)")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
     """Take a host with a host agent out of the fleet (it must hold no node:
-    drain it first). Its agent's credentials stop working."""
-    _host_action("remove", name, output)
+    drain it first, or --force for a host that is gone for good). Its
+    agent's credentials stop working."""
+    if reason is not None and not force:
+        raise typer.BadParameter("--reason goes with --force", param_hint="--reason")
+    with open_client() as client:
+        host = client.hosts.remove(name, force_reason=(reason or "") if force else None)
+    emit(output, host, render=lambda: hosts_table([host]))
 
 
 @gpu_types_app.command("list")

@@ -39,6 +39,7 @@ class WaitProgress:
         self._phases_seen = 0
         self._last_phase: str | None = None
         self._last_nodes: str | None = None
+        self._last_errors: set[str] = set()  # failures already shown
         self._spinner: Status | None = None
 
     def __enter__(self) -> WaitProgress:
@@ -85,6 +86,19 @@ class WaitProgress:
         if nodes != self._last_nodes:
             self.console.print(Text(f"  nodes: {nodes}", style="dim"))
             self._last_nodes = nodes
+        # A step that keeps failing is said once per error, with its count,
+        # so a wait that is not moving says why (not silence).
+        failing = [(self.name, cluster.retries, cluster.last_error)] + [
+            (n.name, n.retries, n.last_error) for n in cluster.nodes
+        ]
+        for who, retries, error in failing:
+            key = f"{who}\0{error}"
+            if retries and error and key not in self._last_errors:
+                self._last_errors.add(key)
+                self.console.print(
+                    Text(f"  {who}: attempt {retries} failed: {error}", style="yellow"),
+                    soft_wrap=True,
+                )
         if self._spinner is not None:
             self._spinner.update(f"cluster {self.name}: {cluster.status.value} · {nodes}")
 

@@ -131,6 +131,32 @@ def clock(ts: datetime) -> str:
     return _aware(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def until(ts: datetime, *, now: datetime | None = None) -> str:
+    """``2026-12-07 03:10:00 (in 42s)``, or ``(2m ago)`` once past."""
+    now = now or datetime.now(UTC)
+    when = _aware(ts)
+    if when >= now:
+        return f"{clock(ts)} (in {age(now, now=when)})"
+    return f"{clock(ts)} ({age(when, now=now)} ago)"
+
+
+def attempt_rows(
+    *,
+    retries: int,
+    last_error: str | None,
+    next_attempt_at: datetime | None,
+    phase_deadline_at: datetime | None,
+) -> list[tuple[str, RenderableType]]:
+    """How the controllers are getting on with a node or cluster: failed
+    attempts in a row, the last error, the next attempt and the deadline."""
+    return [
+        ("retries", str(retries)),
+        ("last error", Text(last_error, style="red") if last_error else Text("-")),
+        ("next attempt", until(next_attempt_at) if next_attempt_at else "-"),
+        ("deadline", until(phase_deadline_at) if phase_deadline_at else "-"),
+    ]
+
+
 def optional(value: object) -> str:
     return "-" if value is None or value == "" else str(value)
 

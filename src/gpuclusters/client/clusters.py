@@ -92,13 +92,21 @@ class ClustersAPI:
             json=body_of(changes, partial=True),
         )
 
-    def delete(self, name: str, *, delete_volume: bool = False) -> Cluster:
-        """Start deleting; the answer has status ``deleting``. See :meth:`wait`."""
+    def delete(
+        self, name: str, *, delete_volume: bool = False, force_reason: str | None = None
+    ) -> Cluster:
+        """Start deleting; the answer has status ``deleting``. See :meth:`wait`.
+        ``force_reason`` (organization admins): steps that fail are skipped at
+        once, with an event, instead of retried; the reason is recorded."""
         return self._s.send(
             "DELETE",
             self._s.project_path("clusters", name),
             model=Cluster,
-            params={"delete_volume": True if delete_volume else None},
+            params={
+                "delete_volume": True if delete_volume else None,
+                "force": True if force_reason is not None else None,
+                "reason": force_reason,
+            },
         )
 
     def ssh_target(

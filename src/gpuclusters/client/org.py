@@ -113,9 +113,15 @@ class HostsAPI:
         """Cordon the host and move whatever runs there elsewhere."""
         return self._s.send("POST", f"/v1/hosts/{name}/drain", model=Host)
 
-    def remove(self, name: str) -> Host:
-        """Take an empty host with a host agent out of the fleet."""
-        return self._s.send("DELETE", f"/v1/hosts/{name}", model=Host)
+    def remove(self, name: str, *, force_reason: str | None = None) -> Host:
+        """Take an empty host with a host agent out of the fleet;
+        ``force_reason``: one gone for good, with the nodes on it (they fail)."""
+        return self._s.send(
+            "DELETE",
+            f"/v1/hosts/{name}",
+            model=Host,
+            params={"force": True if force_reason is not None else None, "reason": force_reason},
+        )
 
     def join_token(
         self, name: str, *, region: str | None = None, ib_island: str | None = None

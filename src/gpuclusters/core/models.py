@@ -605,6 +605,18 @@ class Node(_Out):
     deleted_at: datetime | None = None
     auto_repair: bool = True
     gpu_backend: str | None = Field(default=None, description="nvml or simulated")
+    retries: int = Field(
+        default=0, description="failed attempts of its current step in a row (0 once one works)"
+    )
+    last_error: str | None = Field(default=None, description="the last failed attempt's error")
+    next_attempt_at: datetime | None = Field(
+        default=None, description="when a failed step is tried again (exponential backoff)"
+    )
+    phase_deadline_at: datetime | None = Field(
+        default=None,
+        description="when its current phase must end: past it, it fails with the reason "
+        "(a release or delete skips what still fails and finishes)",
+    )
 
 
 class Endpoint(_Out):
@@ -635,6 +647,21 @@ class Cluster(_Out):
     )
     status: ClusterStatus
     status_message: str = ""
+    retries: int = Field(
+        default=0, description="failed attempts of its current step in a row (0 once one works)"
+    )
+    last_error: str | None = Field(default=None, description="the last failed attempt's error")
+    next_attempt_at: datetime | None = Field(
+        default=None, description="when a failed step is tried again (exponential backoff)"
+    )
+    phase_deadline_at: datetime | None = Field(
+        default=None,
+        description="when its current status must end: past it, it fails with the reason "
+        "(a release or delete skips what still fails and finishes)",
+    )
+    force_delete_reason: str | None = Field(
+        default=None, description="why an organization admin forced its delete (and who)"
+    )
     volume: str | None = None
     cuda_version: str | None = None
     driver_version: str | None = None

@@ -175,6 +175,21 @@ class Reconciler(ABC):
             self._last_claimed = row_id
             self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
 
+    async def work_on(self, row_id: str) -> bool:
+        """Claim one row and run a pass on it exactly as the loop would
+        (heartbeat, outcome recorded on the row, lease released); False if
+        the row could not be claimed (leased, or before its next attempt).
+        For tests and tools that drive one row."""
+        async with self.ctx.sessionmaker() as session:
+            token = await leases.claim(
+                session, self.model, row_id, owner=self.ctx.owner, ttl_s=self.ctx.lease_ttl_s
+            )
+        if token is None:
+            return False
+        task = self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
+        await task
+        return True
+
     async def _work(self, row_id: str, token: str) -> None:
         changed = False
         # A hint that arrives while this row is being worked on wakes a pass

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Request, Response
 
 from gpuclusters.core import models as api
+from gpuclusters.core.errors import ValidationError
 from gpuclusters.core.paging import Page
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.routers.json import json_response
@@ -90,7 +91,13 @@ async def delete_cluster(
     principal: PrincipalDep,
     rt: RuntimeDep,
     delete_volume: bool = False,
+    force: bool = False,
+    reason: str | None = None,
 ) -> api.Cluster:
+    """``force`` (organization admins, with a ``reason``): steps that fail
+    are skipped at once instead of retried."""
+    if reason is not None and not force:
+        raise ValidationError("reason: only with force=true", field="reason")
     return _registry(
         rt,
         await clusters.delete_cluster(
@@ -100,6 +107,7 @@ async def delete_cluster(
             project_name=project,
             name=name,
             delete_volume=delete_volume,
+            force_reason=(reason or "") if force else None,
         ),
     )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from gpuclusters.core import models as api
+from gpuclusters.core.errors import ValidationError
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.services import hosts
 
@@ -47,6 +48,21 @@ async def drain(
 
 @router.delete("/{name}", response_model=api.Host)
 async def remove(
-    name: str, session: SessionDep, rt: RuntimeDep, principal: PrincipalDep
+    name: str,
+    session: SessionDep,
+    rt: RuntimeDep,
+    principal: PrincipalDep,
+    force: bool = False,
+    reason: str | None = None,
 ) -> api.Host:
-    return await hosts.remove_host(session, rt=rt, principal=principal, name=name)
+    """``force`` (with a ``reason``): a host gone for good is removed with
+    the nodes on it, which fail with the reason."""
+    if reason is not None and not force:
+        raise ValidationError("reason: only with force=true", field="reason")
+    return await hosts.remove_host(
+        session,
+        rt=rt,
+        principal=principal,
+        name=name,
+        force_reason=(reason or "") if force else None,
+    )

@@ -49,7 +49,7 @@ from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.health import check_policy_kinds
-from gpuclusters.server.services.tenancy import resolve_project
+from gpuclusters.server.services.tenancy import require_org_admin, resolve_project
 from gpuclusters.server.services.views import cluster_view, cluster_views
 
 # Concurrent creates may race for the same host; the unique index makes the
@@ -472,8 +472,20 @@ async def delete_cluster(
     project_name: str,
     name: str,
     delete_volume: bool,
+    force_reason: str | None = None,
 ) -> api.Cluster:
-    """Start deleting; idempotent (a second call returns the same deleting cluster)."""
+    """Start deleting; idempotent (a second call returns the same deleting
+    cluster). ``force_reason`` (organization admins only, on a new or a
+    running delete): layer and provider steps that fail are skipped at once
+    with an event instead of retried, and who forced it and why is kept on
+    the cluster."""
+    if force_reason is not None:
+        force_reason = force_reason.strip()
+        if not force_reason:
+            raise ValidationError(
+                "reason: a forced delete needs a reason (it is recorded)", field="reason"
+            )
+        require_org_admin(principal, "forcing a delete")
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.ADMIN
     )
@@ -497,6 +509,14 @@ async def delete_cluster(
                 forget_failures(n)  # a node in its backoff is released at once
     elif delete_volume and not cluster.delete_volume:
         cluster.delete_volume = True
+    if force_reason is not None and cluster.force_delete_reason is None:
+        cluster.force_delete_reason = f"by {principal.user_name}: {force_reason}"[:2000]
+        forget_failures(cluster)
+        # Whatever waits in its backoff is tried at once, forced.
+        for n in await session.scalars(
+            select(Node).where(Node.cluster_id == cluster.id, Node.deleted_at.is_(None))
+        ):
+            forget_failures(n)
     await session.flush()
     view = await cluster_view(session, cluster, project=project)
     await session.commit()

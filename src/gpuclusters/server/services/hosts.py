@@ -34,6 +34,7 @@ from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.enums import (
     GPUS_PER_NODE,
     ComputeClass,
+    EventReason,
     HostAgentStatus,
     HostState,
     NodePhase,
@@ -50,6 +51,7 @@ from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.alerts import OPEN_STATES
 from gpuclusters.server.db.allocation import mark_preempted
 from gpuclusters.server.db.models import Cluster, Host, HostJoinToken, Node, Remediation, utcnow
+from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.hosts_pki import CsrError, ensure_hosts_pki, sign_agent_csr
 from gpuclusters.server.security.keys import hash_key, new_key
@@ -226,11 +228,28 @@ async def heartbeat(
 
 
 async def remove_host(
-    session: AsyncSession, *, rt: Runtime, principal: Principal, name: str
+    session: AsyncSession,
+    *,
+    rt: Runtime,
+    principal: Principal,
+    name: str,
+    force_reason: str | None = None,
 ) -> api.Host:
     """Take a host out of the fleet: only when no node is on it (drain it
-    first); its credentials stop working. Idempotent."""
+    first); its credentials stop working. Idempotent.
+
+    ``force_reason``: the host is gone for good (dead hardware, a wiped
+    machine), so it cannot be drained. It is removed anyway; the nodes on it
+    fail with the reason (their clusters degrade and repair policies may
+    replace them elsewhere), and releasing them later skips the agent that
+    is no longer there."""
     require_org_admin(principal, "the host inventory")
+    if force_reason is not None:
+        force_reason = force_reason.strip()
+        if not force_reason:
+            raise ValidationError(
+                "reason: a forced removal needs a reason (it is recorded)", field="reason"
+            )
     host = await session.scalar(select(Host).where(Host.name == name))
     if host is not None and host.agent_status == HostAgentStatus.REMOVED:
         return host_view(host)
@@ -240,22 +259,37 @@ async def remove_host(
         raise InvalidStateError(
             f"host {name} comes from the fleet file; edit that file to remove it", field="name"
         )
-    live = await session.scalar(
-        select(Node.name).where(
-            (Node.host_id == host.id) | (Node.awaited_host_id == host.id),
-            Node.deleted_at.is_(None),
+    live = list(
+        await session.scalars(
+            select(Node).where(
+                (Node.host_id == host.id) | (Node.awaited_host_id == host.id),
+                Node.deleted_at.is_(None),
+            )
         )
     )
-    if live is not None:
+    if live and force_reason is None:
         raise InvalidStateError(
-            f"host {name} still holds node {live}; `gpuclusters hosts drain {name}` first",
+            f"host {name} still holds node {live[0].name}; `gpuclusters hosts drain {name}` "
+            "first (or, for a host that is gone for good, `hosts remove --force --reason`)",
             field="name",
         )
+    why = f"host {name} removed by {principal.user_name}: {force_reason}"
+    for node in live:
+        if node.awaited_host_id == host.id:
+            node.awaited_host_id = None  # placed again at its next step
+            continue
+        await record_event(session, node, EventReason.STEP_SKIPPED, why)
+        if not node.to_delete and node.phase != NodePhase.FAILED.value:
+            set_node_phase(node, NodePhase.FAILED.value, why)
+            await close_usage(session, node)
+            await record_event(session, node, EventReason.NODE_FAILED, why)
     host.agent_status = HostAgentStatus.REMOVED.value
     host.state = HostState.CORDONED.value
     host.in_fleet = False
     host.secret_hash = None
     await session.commit()
+    if live:
+        rt.hints.notify(hints.NODES, hints.CLUSTERS, hints.REPAIRS)
     return host_view(host)
 
 

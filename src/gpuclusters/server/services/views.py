@@ -53,6 +53,10 @@ NODE_VIEW_COLUMNS = (
     Node.deleted_at,
     Node.auto_repair,
     Node.gpu_backend,
+    Node.retries,
+    Node.last_error,
+    Node.next_attempt_at,
+    Node.phase_deadline_at,
 )
 NodeLike = Node | Row[Any]
 
@@ -74,6 +78,10 @@ def node_view(node: NodeLike, *, cluster: Cluster, host: str | None) -> api.Node
         deleted_at=node.deleted_at,
         auto_repair=node.auto_repair,
         gpu_backend=node.gpu_backend,
+        retries=node.retries,
+        last_error=node.last_error,
+        next_attempt_at=node.next_attempt_at,
+        phase_deadline_at=node.phase_deadline_at,
     )
 
 
@@ -204,6 +212,11 @@ async def cluster_views(
                 capacity=splits.get(c.id),
                 status=c.status,
                 status_message=c.status_message,
+                retries=c.retries,
+                last_error=c.last_error,
+                next_attempt_at=c.next_attempt_at,
+                phase_deadline_at=c.phase_deadline_at,
+                force_delete_reason=c.force_delete_reason,
                 volume=volumes.get(c.volume_id or ""),
                 cuda_version=c.cuda_version,
                 driver_version=c.driver_version,

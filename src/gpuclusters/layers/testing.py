@@ -1,0 +1,84 @@
+"""A cluster layer for tests of the code that drives layers (the reconcilers),
+shipped beside the ``ClusterLayer`` contract as httpx ships its mock
+transport: every method succeeds at once, like the no-op layer, unless a
+test scripted it to answer otherwise or to raise; every call is recorded.
+
+    layer = ScriptedLayer()
+    layer.script("join_node", False, False, True)      # not yet, not yet, joined
+    layer.script("remove_node", LayerError("scontrol: DNS SRV lookup failed"))
+    layer.always("delete", LayerError("gone"))          # every call fails
+    ...
+    assert layer.calls_to("remove_node") == ["n1"]
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from datetime import datetime
+
+from gpuclusters.layers.base import ClusterRef, NodeRef
+from gpuclusters.layers.noop.layer import NoopLayer
+
+_UNSET = object()
+
+
+class ScriptedLayer(NoopLayer):
+    def __init__(self) -> None:
+        self._queued: dict[str, deque[object]] = defaultdict(deque)
+        self._always: dict[str, object] = {}
+        self.calls: list[tuple[str, str]] = []  # (method, node or cluster name)
+        self.builds_message: str | None = None  # what waiting_for_builds says
+
+    def script(self, method: str, *answers: object) -> None:
+        """The next calls of ``method`` answer these, in order (an exception
+        is raised); after them, the ``always`` answer or the default."""
+        self._queued[method].extend(answers)
+
+    def always(self, method: str, answer: object) -> None:
+        self._always[method] = answer
+
+    def calls_to(self, method: str) -> list[str]:
+        return [who for name, who in self.calls if name == method]
+
+    def _answer(self, method: str, who: str, default: object) -> object:
+        self.calls.append((method, who))
+        queued = self._queued.get(method)
+        answer = queued.popleft() if queued else self._always.get(method, _UNSET)
+        if answer is _UNSET:
+            return default
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
+        return bool(self._answer("ensure_control_plane", cluster.name, True))
+
+    async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
+        return bool(self._answer("join_node", node.name, True))
+
+    async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
+        self._answer("cordon", node.name, None)
+
+    async def drain(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        return bool(self._answer("drain", node.name, True))
+
+    async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
+        self._answer("remove_node", node.name, None)
+
+    async def delete(self, cluster: ClusterRef) -> None:
+        self._answer("delete", cluster.name, None)
+
+    async def preempt(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> None:
+        self._answer("preempt", node.name, None)
+
+    async def preemption_done(
+        self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
+    ) -> bool:
+        return bool(self._answer("preemption_done", node.name, True))
+
+    def waiting_for_builds(self) -> str | None:
+        return self.builds_message
