@@ -216,7 +216,7 @@ class ControllerHarness:
     async def age(self, model: type[Node] | type[Cluster], row_id: str, seconds: float) -> None:
         """Move a row's phase deadline ``seconds`` earlier (time passing)."""
         async with self.rt.sessionmaker() as session:
-            row = await session.get_one(model, row_id)
+            row: Node | Cluster = await session.get_one(model, row_id)
             if row.phase_deadline_at is not None:
                 row.phase_deadline_at -= timedelta(seconds=seconds)
             if isinstance(row, Node):
