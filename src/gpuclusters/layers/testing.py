@@ -7,12 +7,14 @@ test scripted it to answer otherwise or to raise; every call is recorded.
     layer.script("join_node", False, False, True)      # not yet, not yet, joined
     layer.script("remove_node", LayerError("scontrol: DNS SRV lookup failed"))
     layer.always("delete", LayerError("gone"))          # every call fails
+    layer.script("ensure_control_plane", lambda: asyncio.sleep(9, True))  # blocks, then True
     ...
     assert layer.calls_to("remove_node") == ["n1"]
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict, deque
 from datetime import datetime
 
@@ -40,7 +42,9 @@ class ScriptedLayer(NoopLayer):
     def calls_to(self, method: str) -> list[str]:
         return [who for name, who in self.calls if name == method]
 
-    def _answer(self, method: str, who: str, default: object) -> object:
+    async def _answer(self, method: str, who: str, default: object) -> object:
+        """The scripted answer: a value, an exception (raised), or a callable
+        (called, and awaited if it returns an awaitable: a step that blocks)."""
         self.calls.append((method, who))
         queued = self._queued.get(method)
         answer = queued.popleft() if queued else self._always.get(method, _UNSET)
@@ -48,37 +52,41 @@ class ScriptedLayer(NoopLayer):
             return default
         if isinstance(answer, BaseException):
             raise answer
+        if callable(answer):
+            answer = answer()
+            if inspect.isawaitable(answer):
+                answer = await answer
         return answer
 
     async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
-        return bool(self._answer("ensure_control_plane", cluster.name, True))
+        return bool(await self._answer("ensure_control_plane", cluster.name, True))
 
     async def join_node(self, cluster: ClusterRef, node: NodeRef) -> bool:
-        return bool(self._answer("join_node", node.name, True))
+        return bool(await self._answer("join_node", node.name, True))
 
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
-        self._answer("cordon", node.name, None)
+        await self._answer("cordon", node.name, None)
 
     async def drain(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
-        return bool(self._answer("drain", node.name, True))
+        return bool(await self._answer("drain", node.name, True))
 
     async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
-        self._answer("remove_node", node.name, None)
+        await self._answer("remove_node", node.name, None)
 
     async def delete(self, cluster: ClusterRef) -> None:
-        self._answer("delete", cluster.name, None)
+        await self._answer("delete", cluster.name, None)
 
     async def preempt(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> None:
-        self._answer("preempt", node.name, None)
+        await self._answer("preempt", node.name, None)
 
     async def preemption_done(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
-        return bool(self._answer("preemption_done", node.name, True))
+        return bool(await self._answer("preemption_done", node.name, True))
 
     def waiting_for_builds(self) -> str | None:
         return self.builds_message
