@@ -49,6 +49,8 @@ from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuclusters.core.deadlines import backoff_s
+from gpuclusters.layers.base import LayerError
+from gpuclusters.providers.base import ProviderError
 from gpuclusters.server.controllers import leases, outcomes
 from gpuclusters.server.controllers.hints import Hints
 from gpuclusters.server.controllers.outcomes import Outcome, StepFailed
@@ -250,7 +252,10 @@ class Reconciler(ABC):
                 except Exception as exc:
                     outcome = outcomes.from_exception(exc)
                     if outcome.kind != "fail":
-                        log.exception("reconciler %s: %s failed", self.name, row_id)
+                        if not isinstance(exc, LayerError | ProviderError):
+                            # Not a failure a layer or provider reported:
+                            # maybe a bug; keep its traceback.
+                            log.exception("reconciler %s: %s failed", self.name, row_id)
                         raise StepFailed(outcome.error) from exc
                 await self.fail(row_id, token, outcome.error)
                 return True
