@@ -443,3 +443,57 @@ async def test_a_token_is_used_once_even_by_concurrent_joins(
         _join(anon, token, address="10.9.8.21"), _join(anon, token, address="10.9.8.22")
     )
     assert sorted(r.status_code for r in answers) == [200, 401], [r.text for r in answers]
+
+
+async def test_a_host_gone_for_good_is_removed_with_force_and_its_cluster_deleted(
+    api: ApiHarness, anon: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    joined = await _joined(api, anon, inventory=H100_8)
+    assert (await _heartbeat(anon, joined["secret"])).status_code == 204
+    body = {"name": "two", "cluster_type": "kubernetes", "num_gpus": 16}
+    assert (await api.client.post(f"{P}/clusters", json=body)).status_code == 201
+    # (The fake provider of these tests has no agent hosts: the node placed
+    # there fails, as one on a host that died would.)
+    await api.wait_cluster("two", {"failed"})
+    nodes = {n["host"]: n["name"] for n in (await api.client.get(f"{P}/nodes")).json()}
+    lost = nodes[AGENT]
+
+    # Forcing needs a reason, and an organization admin; refusals change nothing.
+    url = f"/v1/hosts/{AGENT}"
+    _error(await api.client.delete(url, params={"force": "true"}), 422, "invalid_input", "reason")
+    _error(await api.client.delete(url, params={"reason": "x"}), 422, "invalid_input", "reason")
+    member = await _key(api, "carol", "admin")
+    async with api.as_key(member) as c:
+        r = await c.delete(url, params={"force": "true", "reason": "disk died"})
+    _error(r, 403, "forbidden")
+    assert (await _hosts(api))[AGENT]["agent_status"] == "ready"
+
+    r = await api.client.delete(url, params={"force": "true", "reason": "motherboard died"})
+    assert r.status_code == 200, r.text
+    assert r.json()["agent_status"] == "removed"
+    assert AGENT not in await _hosts(api)
+    events = (await api.client.get(f"{P}/events", params={"node": lost})).json()
+    assert f"host {AGENT} removed by admin: motherboard died" in [e["message"] for e in events]
+
+    # Its agent is gone: deleting the node's instance fails, and is skipped
+    # (the host is gone for good), so the cluster's delete finishes.
+    provider = api.runtime.provider
+    real_delete = provider.delete
+
+    async def delete(node_id: str) -> None:
+        async with api.runtime.sessionmaker() as s:
+            name = await s.scalar(select(Node.name).where(Node.id == node_id))
+        if name == lost:
+            from gpuclusters.providers.base import ProviderError
+
+            raise ProviderError(f"host agent {AGENT}: connection refused")
+        await real_delete(node_id)
+
+    monkeypatch.setattr(provider, "delete", delete)
+    assert (await api.client.delete(f"{P}/clusters/two")).status_code == 202
+    await api.wait_cluster("two", {"gone"}, within_s=30)
+    events = (await api.client.get(f"{P}/events", params={"node": lost})).json()
+    skipped = [e["message"] for e in events if e["reason"] == "StepSkipped"]
+    assert any(f"host {AGENT} was removed" in m and "connection refused" in m for m in skipped), (
+        events
+    )
