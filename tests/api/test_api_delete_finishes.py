@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 
 from gpuclusters.core.enums import ClusterType
@@ -74,6 +75,15 @@ async def test_a_cluster_whose_slurm_never_came_up_shows_why_and_is_deleted(
     assert cluster["status"] == "waiting_for_control_plane"
     assert cluster["last_error"] == "slurmctld: fetch_config failed"
     assert cluster["next_attempt_at"] is not None and cluster["phase_deadline_at"] is not None
+    # The console says the same.
+    async with httpx.AsyncClient(
+        transport=api.client._transport, base_url=str(api.client.base_url)
+    ) as browser:
+        r = await browser.post("/login", data={"api_key": api.admin_key})
+        assert r.status_code in (200, 303), r.text
+        page = (await browser.get(f"{P.removeprefix('/v1')}/clusters/never")).text
+    assert 'id="cluster-attempts"' in page and "slurmctld: fetch_config failed" in page, page
+    assert "must leave waiting_for_control_plane by" in page
 
     assert (await api.client.delete(f"{P}/clusters/never")).status_code == 202
     await api.wait_cluster("never", {"gone"})
