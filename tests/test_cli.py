@@ -374,6 +374,58 @@ def test_delete_wait_returns_when_cluster_is_gone(api: FakeApi) -> None:
     assert "queued" not in result.stderr  # the create is not replayed
 
 
+def test_forced_delete_sends_the_reason_and_wait_says_why_steps_fail(api: FakeApi) -> None:
+    deleting = cluster_json("deleting", phases=["ready", "deleting"])
+    api.on("DELETE", "/v1/projects/default/clusters/train", ok(deleting, 202))
+    stuck = node_json("train-0", "releasing") | {
+        "retries": 3,
+        "last_error": "deleting the instance: no route to host",
+        "next_attempt_at": T0,
+    }
+    api.on(
+        "GET",
+        "/v1/projects/default/clusters/train",
+        ok(cluster_json("deleting", nodes=[stuck])),
+        ok(cluster_json("deleting", nodes=[stuck | {"retries": 4}])),
+        ok({"code": "not_found", "message": "cluster train not found", "field": None}, 404),
+    )
+
+    result = run(
+        "clusters", "delete", "train", "--force", "--reason", "host lost", "--wait", "--yes"
+    )
+
+    assert result.exit_code == 0, result.output
+    assert dict(api.requests[0].url.params) == {"force": "true", "reason": "host lost"}
+    # A failing step is said once (not at every poll), with its count.
+    assert result.stderr.count("deleting the instance: no route to host") == 1
+    assert "train-0: attempt 3 failed" in result.stderr
+
+
+def test_a_reason_without_force_is_a_usage_error(api: FakeApi) -> None:
+    result = run("clusters", "delete", "train", "--reason", "why")
+    assert result.exit_code == 2
+    assert "--reason goes with --force" in result.output
+    assert api.requests == []
+
+
+def test_node_get_shows_retries_last_error_next_attempt_and_deadline(api: FakeApi) -> None:
+    node = node_json("train-0", "booting") | {
+        "retries": 2,
+        "last_error": "volume v has no data directory yet",
+        "next_attempt_at": T0,
+        "phase_deadline_at": T0,
+    }
+    api.on("GET", "/v1/projects/default/nodes/train-0", ok(node))
+
+    result = run("nodes", "get", "train-0")
+
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "retries 2" in out
+    assert "last error volume v has no data directory yet" in out
+    assert "next attempt 20" in out and "deadline 20" in out  # the times, with how long ago
+
+
 # --- wiring --------------------------------------------------------------------------------
 
 
