@@ -179,15 +179,13 @@ class NodeReconciler(SteppedReconciler):
         # The cluster's status follows its running, failed and deleted nodes:
         # wake that one cluster when one of those counts moved (a node
         # passing from booting to bootstrapping changes nothing for it).
-        moves = [o.moved for o in taken if o.moved is not None]
+        moves = [o for o in taken if o.moved is not None]
         if not moves:
             return
-        before, after = moves[0][0], moves[-1][1]
-        if before != after and {before, after} & _CLUSTER_SEES:
-            async with self.ctx.sessionmaker() as session:
-                cluster_id = await session.scalar(select(Node.cluster_id).where(Node.id == row_id))
-            if cluster_id is not None:
-                self.ctx.hints.notify_rows(hints.CLUSTERS, [cluster_id])
+        before, after = moves[0].moved[0], moves[-1].moved[1]  # type: ignore[index]
+        cluster_id = next((o.parent for o in moves if o.parent is not None), None)
+        if before != after and {before, after} & _CLUSTER_SEES and cluster_id is not None:
+            self.ctx.hints.notify_rows(hints.CLUSTERS, [cluster_id])
 
     async def load(self, row_id: str, token: str) -> NodeStep | None:
         """The node, its cluster and host, and the refs layers take; None
@@ -474,7 +472,7 @@ class NodeReconciler(SteppedReconciler):
                 node, P.SCHEDULING.value, f"placed on {host.name}", deadlines=self.deadlines
             )
             await session.commit()
-        return moved(P.PENDING.value, P.SCHEDULING.value)
+        return moved(P.PENDING.value, P.SCHEDULING.value, parent=node.cluster_id)
 
     async def _preempt(self, s: NodeStep) -> Outcome:
         """One step of the preemption protocol (see module docstring)."""
@@ -503,7 +501,7 @@ class NodeReconciler(SteppedReconciler):
                     f"have exited, at {deadline.isoformat(timespec='seconds')} at the latest",
                 )
                 await session.commit()
-            return moved(phase.value, P.DRAINING.value)
+            return moved(phase.value, P.DRAINING.value, parent=node.cluster_id)
 
         if phase is P.DRAINING:
             assert node.preempt_deadline is not None
@@ -647,4 +645,4 @@ class NodeReconciler(SteppedReconciler):
                         f"node {node.name} removed by scale-down",
                     )
             await session.commit()
-        return moved(before, phase.value)
+        return moved(before, phase.value, parent=node.cluster_id)

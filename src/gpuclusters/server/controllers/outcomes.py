@@ -33,6 +33,7 @@ class Outcome:
     error: str = ""
     delay_s: float | None = None
     moved: tuple[str, str] | None = None  # (from, to) phases of a write
+    parent: str | None = None  # the row's owner a move may concern (a node's cluster)
 
     @property
     def changed(self) -> bool:
@@ -43,8 +44,8 @@ MOVED = Outcome("moved")
 WAIT = Outcome("wait")
 
 
-def moved(before: str, after: str) -> Outcome:
-    return Outcome("moved", moved=(before, after))
+def moved(before: str, after: str, *, parent: str | None = None) -> Outcome:
+    return Outcome("moved", moved=(before, after), parent=parent)
 
 
 def retry(error: str, *, delay_s: float | None = None) -> Outcome:
