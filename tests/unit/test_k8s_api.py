@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ssl
 
+import httpx
 import pytest
 
 from gpuclusters.layers.kubernetes import config as cfg
@@ -67,3 +68,69 @@ async def test_client_loads_the_admin_pair_and_trusts_only_the_cluster_ca() -> N
     with pytest.raises(ssl.SSLError):
         # A key that does not match the certificate is refused at load.
         KubeAPI("https://x:6443", ca_pem=ca.cert, cert_pem=admin.cert, key_pem=other.key)
+
+
+async def test_refusals_are_typed_by_status() -> None:
+    from gpuclusters.layers.base import LayerError
+    from gpuclusters.layers.kubernetes.api import (
+        Conflict,
+        Forbidden,
+        Invalid,
+        KubeAPIError,
+        NotFound,
+        ServerError,
+        TooManyRequests,
+        Unauthorized,
+    )
+
+    answers = {
+        "/nf": (404, "NotFound"),
+        "/conflict": (409, "AlreadyExists"),
+        "/unauth": (401, "Unauthorized"),
+        "/forbidden": (403, "Forbidden"),
+        "/invalid": (422, "Invalid"),
+        "/pdb": (429, "TooManyRequests"),
+        "/etcd": (503, "ServiceUnavailable"),
+        "/teapot": (418, ""),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, reason = answers.get(request.url.path, (200, ""))
+        if status == 200:
+            return httpx.Response(200, json={"kind": "Node", "metadata": {"name": "n"}})
+        return httpx.Response(status, json={"kind": "Status", "message": "no", "reason": reason})
+
+    ca = pki.new_ca("test CA")
+    admin = pki.issue(ca, "gpuclusters-admin", organizations=["system:masters"], client=True)
+    api = KubeAPI("https://k:6443", ca_pem=ca.cert, cert_pem=admin.cert, key_pem=admin.key)
+    await api._http.aclose()
+    api._http = httpx.AsyncClient(base_url="https://k:6443", transport=httpx.MockTransport(handler))
+    try:
+        expected: dict[str, type[KubeAPIError]] = {
+            "/nf": NotFound,
+            "/conflict": Conflict,
+            "/unauth": Unauthorized,
+            "/forbidden": Forbidden,
+            "/invalid": Invalid,
+            "/pdb": TooManyRequests,
+            "/etcd": ServerError,
+            "/teapot": KubeAPIError,
+        }
+        for path, cls in expected.items():
+            with pytest.raises(cls) as caught:
+                await api.get(path)
+            assert type(caught.value) is cls
+            assert isinstance(caught.value, LayerError)  # the reconcilers retry it
+            assert caught.value.status == answers[path][0]
+            assert caught.value.reason == answers[path][1]
+            assert f"HTTP {answers[path][0]}: no" in str(caught.value)
+        assert (await api.get("/api/v1/nodes/n"))["metadata"]["name"] == "n"
+        with pytest.raises(TooManyRequests):  # an eviction a PodDisruptionBudget refuses
+            await api.create("/pdb", {"kind": "Eviction"})
+        await api.delete("/nf")  # gone already: fine by default
+        with pytest.raises(NotFound):
+            await api.delete("/nf", missing_ok=False)
+        with pytest.raises(Conflict):
+            await api.merge_patch("/conflict", {})
+    finally:
+        await api.close()

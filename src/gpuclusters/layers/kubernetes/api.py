@@ -20,6 +20,13 @@ Writes are server-side apply (``PATCH`` with ``application/apply-patch+yaml``,
 our own field manager, ``force`` so we own the fields we set), which is
 idempotent like ``kubectl apply``; paths come from ``object_path``, which
 knows the kinds this layer writes.
+
+Refusals are typed by the API's status (``NotFound``, ``Conflict``,
+``Forbidden``, ``Unauthorized``, ``Invalid``, ``TooManyRequests``,
+``ServerError``, all ``KubeAPIError``, a ``LayerError`` the reconcilers
+retry), so callers say which answers they expect (a Node that is not there
+yet, an eviction a PodDisruptionBudget refuses) instead of reading status
+codes, ``None`` or booleans. Transport failures are plain ``LayerError``.
 """
 
 from __future__ import annotations
@@ -74,6 +81,72 @@ def object_path(obj: dict[str, Any]) -> str:
     return f"{collection}/{name}"
 
 
+class KubeAPIError(LayerError):
+    """The Kubernetes API refused a request; ``status`` is its HTTP status
+    and ``reason`` the Status object's reason (e.g. ``NotFound``)."""
+
+    status = 0
+
+    def __init__(self, message: str, *, status: int, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeAPIError):
+    status = 404
+
+
+class Conflict(KubeAPIError):
+    """409: already exists, or a write on a stale resourceVersion."""
+
+    status = 409
+
+
+class Unauthorized(KubeAPIError):
+    status = 401
+
+
+class Forbidden(KubeAPIError):
+    status = 403
+
+
+class Invalid(KubeAPIError):
+    status = 422
+
+
+class TooManyRequests(KubeAPIError):
+    """429: throttled, or an eviction a PodDisruptionBudget does not allow now."""
+
+    status = 429
+
+
+class ServerError(KubeAPIError):
+    """5xx: the apiserver (or etcd behind it) is in trouble; try again."""
+
+
+_BY_STATUS: dict[int, type[KubeAPIError]] = {
+    c.status: c for c in (NotFound, Conflict, Unauthorized, Forbidden, Invalid, TooManyRequests)
+}
+
+
+def error_for(what: str, r: httpx.Response) -> KubeAPIError:
+    """The typed error for a refused request."""
+    reason = ""
+    try:
+        body = r.json()
+        message = body.get("message") or r.text
+        reason = str(body.get("reason") or "")
+    except ValueError:
+        message = r.text
+    cls = _BY_STATUS.get(r.status_code) or (ServerError if r.status_code >= 500 else KubeAPIError)
+    return cls(
+        f"Kubernetes API {what}: HTTP {r.status_code}: {message[-400:]}",
+        status=r.status_code,
+        reason=reason,
+    )
+
+
 def _ssl_context(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cadata=ca_pem.decode())
     # load_cert_chain reads files only; the key lives in a private temporary
@@ -119,30 +192,21 @@ class KubeAPI:
             return False
         return r.status_code == 200 and r.text.strip() == "ok"
 
-    def _failed(self, what: str, r: httpx.Response) -> LayerError:
-        try:
-            message = r.json().get("message") or r.text
-        except ValueError:
-            message = r.text
-        return LayerError(f"Kubernetes API {what}: HTTP {r.status_code}: {message[-400:]}")
-
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise LayerError(f"Kubernetes API {method} {path}: {exc!r}") from exc
 
-    async def get(self, path: str) -> dict[str, Any] | None:
-        """The object at ``path``, or None if it does not exist."""
+    async def get(self, path: str) -> dict[str, Any]:
+        """The object at ``path``; ``NotFound`` if there is none."""
         r = await self._request("GET", path)
-        if r.status_code == 404:
-            return None
         if r.status_code != 200:
-            raise self._failed(f"GET {path}", r)
+            raise error_for(f"GET {path}", r)
         data: dict[str, Any] = r.json()
         return data
 
-    async def get_node(self, name: str) -> dict[str, Any] | None:
+    async def get_node(self, name: str) -> dict[str, Any]:
         return await self.get(f"/api/v1/nodes/{name}")
 
     async def apply(self, objs: list[dict[str, Any]]) -> None:
@@ -157,7 +221,7 @@ class KubeAPI:
                 headers={"Content-Type": "application/apply-patch+yaml"},
             )
             if r.status_code not in (200, 201):
-                raise self._failed(f"apply {path}", r)
+                raise error_for(f"apply {path}", r)
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> None:
         r = await self._request(
@@ -167,12 +231,12 @@ class KubeAPI:
             headers={"Content-Type": "application/merge-patch+json"},
         )
         if r.status_code != 200:
-            raise self._failed(f"patch {path}", r)
+            raise error_for(f"patch {path}", r)
 
     async def list_items(self, path: str, **params: str) -> list[dict[str, Any]]:
         r = await self._request("GET", path, params=params)
         if r.status_code != 200:
-            raise self._failed(f"list {path}", r)
+            raise error_for(f"list {path}", r)
         items: list[dict[str, Any]] = r.json().get("items", [])
         return items
 
@@ -180,18 +244,23 @@ class KubeAPI:
         """Every pod bound to ``node``, in all namespaces."""
         return await self.list_items("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")
 
-    async def create(self, path: str, body: dict[str, Any]) -> int:
-        """POST ``body``; returns the HTTP status (refusals such as an
-        eviction a PodDisruptionBudget blocks are the caller's to judge)."""
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body``; the object made (or the Status an action such as
+        an eviction answers). Refusals raise their typed error."""
         r = await self._request("POST", path, content=json.dumps(body).encode())
-        return r.status_code
+        if r.status_code not in (200, 201, 202):
+            raise error_for(f"POST {path}", r)
+        data: dict[str, Any] = r.json()
+        return data
 
-    async def delete(self, path: str, body: dict[str, Any] | None = None) -> bool:
-        """DELETE; False if it was already gone."""
+    async def delete(
+        self, path: str, body: dict[str, Any] | None = None, *, missing_ok: bool = True
+    ) -> None:
+        """DELETE; an object already gone is fine unless ``missing_ok`` is
+        False (then ``NotFound``)."""
         content = json.dumps(body).encode() if body is not None else None
         r = await self._request("DELETE", path, content=content)
-        if r.status_code == 404:
-            return False
+        if r.status_code == 404 and missing_ok:
+            return
         if r.status_code not in (200, 202):
-            raise self._failed(f"delete {path}", r)
-        return True
+            raise error_for(f"delete {path}", r)

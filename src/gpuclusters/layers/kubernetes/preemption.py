@@ -22,6 +22,7 @@ duplicated) and a repeated eviction only shortens a grace period.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.layers.kubernetes import config as cfg
 from gpuclusters.layers.kubernetes import stack
-from gpuclusters.layers.kubernetes.api import KubeAPI
+from gpuclusters.layers.kubernetes.api import KubeAPI, NotFound, TooManyRequests
 
 TAINT_KEY = "gpuclusters.io/preempted"
 DEFAULT_GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
@@ -87,11 +88,12 @@ async def running_work(api: KubeAPI, name: str) -> int:
 
 async def _evict(api: KubeAPI, pod: dict[str, Any], grace_s: int) -> None:
     meta = pod["metadata"]
-    # Refused by a PodDisruptionBudget (429), or gone (404): the next step retries.
-    await api.create(
-        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction",
-        eviction(pod, grace_s=grace_s),
-    )
+    # A PodDisruptionBudget says not now, or the pod is gone: the next step looks again.
+    with contextlib.suppress(TooManyRequests, NotFound):
+        await api.create(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction",
+            eviction(pod, grace_s=grace_s),
+        )
 
 
 async def preempt(
@@ -110,8 +112,11 @@ async def preempt(
     await stack.kubectl(
         cp, spec, "taint", "nodes", name, f"{TAINT_KEY}=true:NoSchedule", "--overwrite"
     )
-    node = await api.get_node(name)
     now = datetime.now(UTC)
+    try:
+        node: dict[str, Any] | None = await api.get_node(name)
+    except NotFound:
+        node = None  # deleted meanwhile: no event to attach
     if node is not None:
         message = (
             f"node {name} is preempted: workloads get SIGTERM now, the node is released "
@@ -125,7 +130,9 @@ async def preempt(
 
 
 async def preemption_done(api: KubeAPI, name: str, *, deadline: datetime) -> bool:
-    if await api.get_node(name) is None:
+    try:
+        await api.get_node(name)
+    except NotFound:
         return True
     pods = stack.workload_pods(await api.pods_on(name))
     if not pods:

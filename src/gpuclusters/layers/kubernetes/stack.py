@@ -40,7 +40,7 @@ from gpuclusters.core.nodeshell import NodeShell
 from gpuclusters.layers.base import LayerError
 from gpuclusters.layers.kubernetes import addons, pki
 from gpuclusters.layers.kubernetes import config as cfg
-from gpuclusters.layers.kubernetes.api import KubeAPI
+from gpuclusters.layers.kubernetes.api import KubeAPI, NotFound
 from gpuclusters.layers.kubernetes.images import Image
 from gpuclusters.layers.waiting import ok, wait_for
 
@@ -371,8 +371,11 @@ async def _wait_phase(
     api: KubeAPI, path: str, done: Callable[[str | None], bool], *, what: str, timeout_s: float
 ) -> None:
     async def reached() -> bool | None:
-        obj = await api.get(path)
-        return True if done((obj or {}).get("status", {}).get("phase")) else None
+        try:
+            phase = (await api.get(path)).get("status", {}).get("phase")
+        except NotFound:
+            phase = None
+        return True if done(phase) else None
 
     await wait_for(reached, what=what, timeout_s=timeout_s, max_delay_s=0.1)
 
@@ -588,8 +591,11 @@ async def start_node(
     await node.spawn(cfg.KUBE_PROXY, cfg.kube_proxy_argv(spec))
 
     async def ready() -> dict[str, Any] | None:
-        obj = await api.get_node(knode.name)
-        return obj if obj is not None and node_is_ready(obj, gpus=gpus) else None
+        try:
+            obj = await api.get_node(knode.name)
+        except NotFound:
+            return None  # the kubelet has not registered it yet
+        return obj if node_is_ready(obj, gpus=gpus) else None
 
     obj = await wait_for(
         ready, what=f"node {knode.name} Ready", timeout_s=timeout_s, max_delay_s=0.1
@@ -620,8 +626,9 @@ async def remove_routes(shell: NodeShell, cidrs: Iterable[str]) -> None:
 async def cordon(api: KubeAPI, name: str, *, reason: str) -> bool:
     """Mark the node unschedulable (ours: annotated with the reason). A node
     a user cordoned keeps their cordon. False if Kubernetes does not know it."""
-    obj = await api.get_node(name)
-    if obj is None:
+    try:
+        obj = await api.get_node(name)
+    except NotFound:
         return False
     if obj.get("spec", {}).get("unschedulable"):
         return True
@@ -670,8 +677,11 @@ async def drain(cp: NodeShell, spec: cfg.K8sSpec, api: KubeAPI, name: str, *, re
 
 async def uncordon(api: KubeAPI, name: str) -> bool:
     """Undo *our* cordon (annotated); a user's stays. True if uncordoned."""
-    obj = await api.get_node(name)
-    if obj is None or not obj.get("spec", {}).get("unschedulable"):
+    try:
+        obj = await api.get_node(name)
+    except NotFound:
+        return False
+    if not obj.get("spec", {}).get("unschedulable"):
         return False
     if cfg.CORDON_ANNOTATION not in obj.get("metadata", {}).get("annotations", {}):
         return False
@@ -684,8 +694,11 @@ async def uncordon(api: KubeAPI, name: str) -> bool:
 
 
 async def is_cordoned_by_user(api: KubeAPI, name: str) -> bool:
-    obj = await api.get_node(name)
-    if obj is None or not obj.get("spec", {}).get("unschedulable"):
+    try:
+        obj = await api.get_node(name)
+    except NotFound:
+        return False
+    if not obj.get("spec", {}).get("unschedulable"):
         return False
     annotations = obj.get("metadata", {}).get("annotations", {})
     return cfg.CORDON_ANNOTATION not in annotations
