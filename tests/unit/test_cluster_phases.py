@@ -4,6 +4,7 @@ deletes that always finish."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -201,3 +202,43 @@ async def test_forced_delete_skips_a_failing_layer_at_once(h: ControllerHarness)
     row = await h.cluster(cluster.id)
     assert row.deleted_at is not None
     assert "delete forced: by admin: the controller's disk is gone" in row.status_message
+
+
+async def test_a_step_whose_lease_is_taken_is_cancelled_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    from sqlalchemy import update
+
+    async with ControllerHarness.open(tmp_path, lease_ttl_s=0.6) as h:
+        cluster = await h.rows.cluster(status="waiting_for_control_plane")
+        cancelled = asyncio.Event()
+
+        async def blocks() -> bool:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return True
+
+        h.layer.script("ensure_control_plane", blocks)
+        work = asyncio.create_task(h.clusters.work_on(cluster.id))
+        for _ in range(100):
+            if h.layer.calls_to("ensure_control_plane"):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # a heartbeat renewed it: still ours
+        assert (await h.cluster(cluster.id)).lock_owner == "harness"
+        assert not cancelled.is_set()
+        async with h.rt.sessionmaker() as session:  # another replica takes it
+            await session.execute(
+                update(Cluster)
+                .where(Cluster.id == cluster.id)
+                .values(lock_owner="other", lock_token="theirs")
+            )
+            await session.commit()
+        assert await asyncio.wait_for(work, 5) is True
+        assert cancelled.is_set()  # the next heartbeat found it gone
+        row = await h.cluster(cluster.id)
+        assert (row.lock_owner, row.lock_token) == ("other", "theirs")  # not released by us
+        assert row.status == "waiting_for_control_plane" and row.retries == 0

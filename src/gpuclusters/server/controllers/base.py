@@ -208,7 +208,11 @@ class Reconciler(ABC):
             STEPS.labels(self.name, "ok").inc()
         except asyncio.CancelledError:
             if not lost.is_set():
-                raise  # we are being stopped
+                # We are being cancelled (shutdown): so is the step, and the
+                # lease is given back below (the step's writes are fenced).
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+                raise
             STEPS.labels(self.name, "lease_lost").inc()
             log.warning(
                 "reconciler %s: lease on %s lost during a step; cancelled", self.name, row_id
