@@ -582,6 +582,23 @@ class ClusterUpdate(_Model):
         return None if v is None else check_gpu_count(v, minimum=0)
 
 
+# How the controllers are getting on with a node or cluster (both carry these).
+Retries = Annotated[
+    int, Field(description="failed attempts of its current step in a row (0 once one works)")
+]
+LastError = Annotated[str | None, Field(description="the last failed attempt's error")]
+NextAttemptAt = Annotated[
+    datetime | None, Field(description="when a failed step is tried again (exponential backoff)")
+]
+PhaseDeadlineAt = Annotated[
+    datetime | None,
+    Field(
+        description="when its current phase (a cluster: status) must end: past it, it fails "
+        "with the reason (a release or delete skips what still fails and finishes)"
+    ),
+]
+
+
 class PhaseTransition(_Out):
     phase: str
     timestamp: datetime
@@ -605,18 +622,10 @@ class Node(_Out):
     deleted_at: datetime | None = None
     auto_repair: bool = True
     gpu_backend: str | None = Field(default=None, description="nvml or simulated")
-    retries: int = Field(
-        default=0, description="failed attempts of its current step in a row (0 once one works)"
-    )
-    last_error: str | None = Field(default=None, description="the last failed attempt's error")
-    next_attempt_at: datetime | None = Field(
-        default=None, description="when a failed step is tried again (exponential backoff)"
-    )
-    phase_deadline_at: datetime | None = Field(
-        default=None,
-        description="when its current phase must end: past it, it fails with the reason "
-        "(a release or delete skips what still fails and finishes)",
-    )
+    retries: Retries = 0
+    last_error: LastError = None
+    next_attempt_at: NextAttemptAt = None
+    phase_deadline_at: PhaseDeadlineAt = None
 
 
 class Endpoint(_Out):
@@ -647,18 +656,10 @@ class Cluster(_Out):
     )
     status: ClusterStatus
     status_message: str = ""
-    retries: int = Field(
-        default=0, description="failed attempts of its current step in a row (0 once one works)"
-    )
-    last_error: str | None = Field(default=None, description="the last failed attempt's error")
-    next_attempt_at: datetime | None = Field(
-        default=None, description="when a failed step is tried again (exponential backoff)"
-    )
-    phase_deadline_at: datetime | None = Field(
-        default=None,
-        description="when its current status must end: past it, it fails with the reason "
-        "(a release or delete skips what still fails and finishes)",
-    )
+    retries: Retries = 0
+    last_error: LastError = None
+    next_attempt_at: NextAttemptAt = None
+    phase_deadline_at: PhaseDeadlineAt = None
     force_delete_reason: str | None = Field(
         default=None, description="why an organization admin forced its delete (and who)"
     )
