@@ -304,3 +304,9 @@ async def test_preemption_notifies_then_releases(h: ControllerHarness) -> None:
     assert h.layer.calls_to("preempt") == [node.name]
     assert (await h.step(h.nodes, node.id)).moved == ("draining", "releasing")
     assert "Preempted" in await events(h, node.id)
+
+
+async def test_an_instance_up_at_once_skips_booting(h: ControllerHarness) -> None:
+    node = await h.rows.node(await ready_cluster(h), phase="scheduling")
+    h.provider.script("create", Instance(node.id, "h", InstanceState.RUNNING))
+    assert (await h.step(h.nodes, node.id)).moved == ("scheduling", "bootstrapping")
