@@ -359,7 +359,7 @@ class SteppedReconciler(Reconciler):
                 elif outcome.kind == "retry":
                     raise StepFailed(outcome.error, outcome.delay_s)
                 taken.append(outcome)
-                if not outcome.changed:
+                if not outcome.changed or outcome.settled:
                     break
         finally:
             await self.settled(row_id, taken)

@@ -202,7 +202,9 @@ class NodeReconciler(SteppedReconciler):
             if node.deleted_at is not None:
                 return None
             # SSH access only where a join may (re)start the node's sshd.
-            joining = node.phase in (P.BOOTSTRAPPING.value, P.RUNNING.value)
+            joining = node.phase == P.BOOTSTRAPPING.value or (
+                node.phase == P.RUNNING.value and row_id in self._to_verify
+            )
             # The cluster as layers see it (its members, its other nodes) only
             # for the steps that call the layer: placing and booting a node
             # do not, and loading it costs a query per member table.
@@ -649,4 +651,7 @@ class NodeReconciler(SteppedReconciler):
                         f"node {node.name} removed by scale-down",
                     )
             await session.commit()
-        return moved(before, phase.value, parent=node.cluster_id)
+        # Running, failed and deleted nodes have nothing more to do now:
+        # the pass ends here instead of loading the node once more.
+        settled = phase in (P.RUNNING, P.FAILED, P.DELETED)
+        return moved(before, phase.value, parent=node.cluster_id, settled=settled)

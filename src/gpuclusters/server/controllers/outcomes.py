@@ -34,6 +34,7 @@ class Outcome:
     delay_s: float | None = None
     moved: tuple[str, str] | None = None  # (from, to) phases of a write
     parent: str | None = None  # the row's owner a move may concern (a node's cluster)
+    settled: bool = False  # moved to where nothing more is to do now: end the pass
 
     @property
     def changed(self) -> bool:
@@ -44,8 +45,10 @@ MOVED = Outcome("moved")
 WAIT = Outcome("wait")
 
 
-def moved(before: str, after: str, *, parent: str | None = None) -> Outcome:
-    return Outcome("moved", moved=(before, after), parent=parent)
+def moved(
+    before: str, after: str, *, parent: str | None = None, settled: bool = False
+) -> Outcome:
+    return Outcome("moved", moved=(before, after), parent=parent, settled=settled)
 
 
 def retry(error: str, *, delay_s: float | None = None) -> Outcome:
