@@ -106,6 +106,46 @@ async def test_lease_claim_is_exclusive_and_fenced(db: async_sessionmaker[AsyncS
         assert row.lock_token is None
 
 
+async def test_claim_many_takes_only_free_rows_that_are_due(
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    cid, nid = await _cluster(db)
+    async with db() as s:
+        project_id = (await s.get_one(Node, nid)).project_id
+        more = [
+            Node(cluster_id=cid, project_id=project_id, name=f"c-x-{i}", compute_class="standard",
+                 phase="pending")
+            for i in range(3)
+        ]  # fmt: skip
+        s.add_all(more)
+        await s.commit()
+        held, waiting, free = (n.id for n in more)
+    async with db() as s:
+        assert await leases.claim(s, Node, held, owner="other", ttl_s=30)
+        await s.execute(
+            update(Node)
+            .where(Node.id == waiting)
+            .values(next_attempt_at=utcnow() + timedelta(seconds=60))
+        )
+        await s.commit()
+    async with db() as s:
+        claimed = await leases.claim_many(s, Node, [nid, held, waiting, free], owner="a", ttl_s=30)
+    assert set(claimed) == {nid, free}
+    assert len(set(claimed.values())) == 1
+    async with db() as s:
+        rows = {n.id: n for n in await s.scalars(select(Node))}
+    assert rows[held].lock_owner == "other" and rows[waiting].lock_owner is None
+    assert rows[nid].lock_owner == rows[free].lock_owner == "a"
+    # Each is fenced and released by its own id with the shared token.
+    async with db() as s:
+        await leases.release(s, Node, nid, token=claimed[nid])
+    async with db() as s:
+        assert (await s.get_one(Node, nid)).lock_token is None
+        assert (await s.get_one(Node, free)).lock_token == claimed[free]
+    async with db() as s:
+        assert await leases.claim_many(s, Node, [], owner="a", ttl_s=30) == {}
+
+
 async def test_leases_of_dead_local_processes_are_freed(
     db: async_sessionmaker[AsyncSession],
 ) -> None:

@@ -21,7 +21,7 @@ succeeds clears them in its release. A permanent error goes to the
 reconciler's ``fail`` (a node or cluster fails with the reason).
 
 A pass claims only as many rows as it can start now (twice the concurrency,
-so the next is ready when one finishes): a lease is held while work is
+so the next is ready when one finishes), in one statement per batch: a lease is held while work is
 done, not while it waits its turn, so a burst of thousands of rows neither
 outlives its leases nor keeps other replicas from the rows this one cannot
 reach yet. The next pass starts after the last row claimed (round robin),
@@ -159,23 +159,29 @@ class Reconciler(ABC):
         start = next((i for i, row_id in enumerate(ids) if row_id > self._last_claimed), 0)
         room = 2 * self.ctx.concurrency
         self._backlog = False
+        eligible = []
         for row_id in ids[start:] + ids[:start]:
             if row_id in self._inflight:
                 self._deferred.add(row_id)  # it may have changed again meanwhile
-                continue
-            if self._retry_at.get(row_id, 0) > now:
-                continue
-            if len(self._inflight) >= room:
+            elif self._retry_at.get(row_id, 0) <= now:
+                eligible.append(row_id)
+        # Claim in batches of the room left (one statement each), until the
+        # room is full or no candidate is left; rows others hold are skipped.
+        while eligible:
+            free = room - len(self._inflight)
+            if free <= 0:
                 self._backlog = True
                 break
+            batch, eligible = eligible[:free], eligible[free:]
             async with self.ctx.sessionmaker() as session:
-                token = await leases.claim(
-                    session, self.model, row_id, owner=self.ctx.owner, ttl_s=self.ctx.lease_ttl_s
+                claimed = await leases.claim_many(
+                    session, self.model, batch, owner=self.ctx.owner, ttl_s=self.ctx.lease_ttl_s
                 )
-            if token is None:
-                continue
-            self._last_claimed = row_id
-            self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
+            for row_id in batch:  # in round-robin order
+                token = claimed.get(row_id)
+                if token is not None:
+                    self._last_claimed = row_id
+                    self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
 
     async def work_on(self, row_id: str) -> bool:
         """Claim one row and run a pass on it exactly as the loop would

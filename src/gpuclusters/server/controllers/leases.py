@@ -74,6 +74,30 @@ async def claim(
     return token if result.rowcount == 1 else None  # type: ignore[attr-defined]
 
 
+async def claim_many(
+    session: AsyncSession, model: LeasedModel, ids: list[str], *, owner: str, ttl_s: float
+) -> dict[str, str]:
+    """Lease every free row of ``ids`` in one statement; returns the claimed
+    ids with their token (one token for the batch: fencing is by row id and
+    token, so sharing it gives no row's holder another's)."""
+    if not ids:
+        return {}
+    token = secrets.token_hex(16)
+    now = utcnow()
+    result = await session.execute(
+        update(model)
+        .where(model.id.in_(ids))
+        .where(or_(model.lock_expires_at.is_(None), model.lock_expires_at < now))
+        .where(or_(model.next_attempt_at.is_(None), model.next_attempt_at <= now))
+        .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
+        .returning(model.id)
+        .execution_options(synchronize_session=False)
+    )
+    claimed = [str(row_id) for row_id in result.scalars()]
+    await session.commit()
+    return dict.fromkeys(claimed, token)
+
+
 async def fence(
     session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, ttl_s: float
 ) -> None:
