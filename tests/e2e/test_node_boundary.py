@@ -197,7 +197,9 @@ def test_privileged_host_pid_pod_enters_its_node_not_the_host(world: World) -> N
     """nsenter -t 1 from a privileged hostPID pod: PID 1 is the node's init;
     its namespaces are the node's: the node's accounts, /var and processes."""
     home = str(world.server.home)
-    probe = PROBE.format(root="", home=home) + "; echo '== ps'; ps -eo args; echo '== end'"
+    # -ww: whole command lines whatever COLUMNS says (cut at 80 columns, a
+    # long checkout path hid " server --provider" on a fresh root).
+    probe = PROBE.format(root="", home=home) + "; echo '== ps'; ps -ww -eo args; echo '== end'"
     spec = f"""  hostPID: true
   containers:
   - name: escape

@@ -45,9 +45,7 @@ MOVED = Outcome("moved")
 WAIT = Outcome("wait")
 
 
-def moved(
-    before: str, after: str, *, parent: str | None = None, settled: bool = False
-) -> Outcome:
+def moved(before: str, after: str, *, parent: str | None = None, settled: bool = False) -> Outcome:
     return Outcome("moved", moved=(before, after), parent=parent, settled=settled)
 
 
