@@ -7,7 +7,7 @@ What it does, as an operator would by hand (docs/kubernetes.md "Conformance"):
    benches' own);
 2. creates a ``kubernetes`` cluster of two 8-GPU nodes and waits for it;
 3. ``gpuclusters registry login`` and pushes the suite's images (built by
-   ``conformance_images``, upstream names kept) with ``skopeo copy`` into the
+   ``imagebuild.conformance``, upstream names kept) with ``skopeo copy`` into the
    project's repositories, as any user pushes theirs;
 4. writes ``KUBE_TEST_REPO_LIST``, mapping the registries ``e2e.test``
    names (registry.k8s.io, registry.k8s.io/e2e-test-images) to those
@@ -41,8 +41,8 @@ from typing import Any
 
 from _server import BenchServer, free_port, wait
 
+from gpuclusters.imagebuild import conformance as ci
 from gpuclusters.layers.kubernetes import config as k8s_config
-from gpuclusters.layers.kubernetes import conformance_images as ci
 
 P = "/v1/projects/default"
 CLUSTER = "conformance"

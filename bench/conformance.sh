@@ -8,7 +8,7 @@
 # Builds what is missing first, each step cached like the rest of scripts/setup:
 # the Kubernetes binaries, CoreDNS (agnhost's image carries it), e2e.test,
 # ginkgo and the test binaries (scripts/build-conformance), then the suite's
-# images (gpuclusters.layers.kubernetes.conformance_images). Then
+# images (gpuclusters.imagebuild.conformance). Then
 # bench/conformance.py does the run (its docstring says how). Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,5 +16,5 @@ cd "$(dirname "$0")/.."
 scripts/build-k8s >/dev/null
 scripts/build-k8s-addons coredns >/dev/null
 scripts/build-conformance >/dev/null
-.venv/bin/python -m gpuclusters.layers.kubernetes.conformance_images build
+.venv/bin/python -m gpuclusters.imagebuild.conformance build
 exec .venv/bin/python bench/conformance.py "$@"

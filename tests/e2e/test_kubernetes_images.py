@@ -397,7 +397,7 @@ def _skypilot_wheels() -> Path:
     """SkyPilot's CLI and its dependencies as wheels (the release the pod
     image carries), plus setuptools and wheel: fetched once from PyPI on
     this machine (the laptop reaches no index) and cached."""
-    from gpuclusters.layers.kubernetes.image_catalog import SKYPILOT_VERSION
+    from gpuclusters.imagebuild.catalog import SKYPILOT_VERSION
 
     wheels = SKY_CLIENT / f"wheels-{SKYPILOT_VERSION}"
     done = wheels / ".complete"  # written last: a directory without it is half-made
@@ -418,7 +418,7 @@ def _skypilot_client(laptop: Laptop) -> Path:
     """The user's own virtual environment with SkyPilot's CLI (Debian's
     Python), installed from the wheels with no index, owned by the user:
     SkyPilot changes modes of its own files at run time."""
-    from gpuclusters.layers.kubernetes.image_catalog import SKYPILOT_VERSION
+    from gpuclusters.imagebuild.catalog import SKYPILOT_VERSION
 
     wheels = _skypilot_wheels()
     venv = laptop.home / "sky"
@@ -453,7 +453,7 @@ CSV
 
 
 def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
-    from gpuclusters.layers.kubernetes.image_catalog import SKYPILOT_VERSION
+    from gpuclusters.imagebuild.catalog import SKYPILOT_VERSION
 
     venv = _skypilot_client(world.laptop)
     env = {

@@ -22,7 +22,7 @@ from gpuclusters.core.builds import (
     summary,
     waiting_message,
 )
-from gpuclusters.layers.kubernetes.image_catalog import catalog
+from gpuclusters.imagebuild.catalog import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 D, P, B, F = StepState.DONE, StepState.PENDING, StepState.BUILDING, StepState.FAILED

@@ -1,4 +1,4 @@
-"""The conformance suite's images (layers/kubernetes/conformance_images):
+"""The conformance suite's images (imagebuild/conformance):
 their names and tags are the ones the release's e2e.test pulls, and the
 stand-ins carry what the specs use (the paths, commands and modes their
 Dockerfiles give); the shared command line picks every tag of a name."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuclusters.layers.kubernetes import conformance_images as ci
-from gpuclusters.layers.kubernetes import image_catalog as ic
+from gpuclusters.imagebuild import catalog as ic
+from gpuclusters.imagebuild import conformance as ci
 from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import K8S_VERSION
 

@@ -1,4 +1,4 @@
-"""The system image catalog (layers/kubernetes/image_catalog) and the
+"""The system image catalog (imagebuild/catalog) and the
 multi-layer archive writer it uses (images.write_oci_archive): archives are
 self-consistent OCI layouts (digests, sizes, diff_ids of the gzip layers),
 deterministic, cached by their inputs' hash; the Go tools' images put the
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpuclusters.layers.kubernetes import image_catalog as ic
+from gpuclusters.imagebuild import catalog as ic
 from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import K8S_VERSION
 from gpuclusters.layers.kubernetes.images import (

@@ -21,7 +21,7 @@ their own images; nothing here is needed there.
 Larger images (a Debian root filesystem, add-on binaries) are written by
 ``write_oci_archive``: one or more layers, each a gzip-compressed blob on
 disk (``gzip_layer``), streamed into the archive rather than held in
-memory. ``image_catalog`` builds the system images that way and caches
+memory. ``gpuclusters.imagebuild.catalog`` builds the system images that way and caches
 them for a push to the cluster registry.
 """
 

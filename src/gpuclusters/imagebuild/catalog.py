@@ -36,9 +36,9 @@ rebuilds with today's packages (security updates). The cache directory is
 
 Command line::
 
-    python -m gpuclusters.layers.kubernetes.image_catalog build [NAME...] [--force]
-    python -m gpuclusters.layers.kubernetes.image_catalog list [--output json]
-    python -m gpuclusters.layers.kubernetes.image_catalog check [NAME...]
+    python -m gpuclusters.imagebuild.catalog build [NAME...] [--force]
+    python -m gpuclusters.imagebuild.catalog list [--output json]
+    python -m gpuclusters.imagebuild.catalog check [NAME...]
 
 ``scripts/build-images`` wraps ``build`` for ``scripts/setup``.
 """
@@ -1141,7 +1141,7 @@ def run_cli(
     cache_help: str,
 ) -> int:
     """``build | list | check`` over a set of recipes (the system images
-    here, the conformance images in ``conformance_images``)."""
+    here, the conformance images in ``imagebuild.conformance``)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--cache", type=Path, help=f"archive directory ({cache_help})")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1198,7 +1198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(
         argv,
         lambda: list(catalog().values()),
-        prog="python -m gpuclusters.layers.kubernetes.image_catalog",
+        prog="python -m gpuclusters.imagebuild.catalog",
         description="Build and list the system container images (OCI archives).",
         default_cache=cache_dir,
         cache_help=f"${CACHE_ENV}",

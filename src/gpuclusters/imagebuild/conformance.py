@@ -42,10 +42,10 @@ What each image must be, from the suite's use of it (the Dockerfiles under
   wardle API it serves).
 * **nonewprivs**: ``/usr/local/bin/nnp`` set-uid root; **nonroot**: user 1234.
 
-Command line (the same as ``image_catalog``'s)::
+Command line (the same as ``imagebuild.catalog``'s)::
 
-    python -m gpuclusters.layers.kubernetes.conformance_images build [NAME...]
-    python -m gpuclusters.layers.kubernetes.conformance_images list [--output json]
+    python -m gpuclusters.imagebuild.conformance build [NAME...]
+    python -m gpuclusters.imagebuild.conformance list [--output json]
 """
 
 from __future__ import annotations
@@ -55,10 +55,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuclusters.layers.kubernetes import config as k8s_config
-from gpuclusters.layers.kubernetes import images
-from gpuclusters.layers.kubernetes.addons import COREDNS_VERSION
-from gpuclusters.layers.kubernetes.image_catalog import (
+from gpuclusters.imagebuild.catalog import (
     BuiltLayer,
     Dir,
     FilesLayer,
@@ -70,6 +67,9 @@ from gpuclusters.layers.kubernetes.image_catalog import (
     debian_image,
     run_cli,
 )
+from gpuclusters.layers.kubernetes import config as k8s_config
+from gpuclusters.layers.kubernetes import images
+from gpuclusters.layers.kubernetes.addons import COREDNS_VERSION
 
 CACHE_ENV = "GPUCLUSTERS_CONFORMANCE_IMAGES"
 CONFORMANCE_CACHE_ENV = "GPUCLUSTERS_CONFORMANCE_CACHE"
@@ -317,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(
         argv,
         conformance_recipes,
-        prog="python -m gpuclusters.layers.kubernetes.conformance_images",
+        prog="python -m gpuclusters.imagebuild.conformance",
         description="Build and list the images the Kubernetes conformance suite runs.",
         default_cache=cache_dir,
         cache_help=f"${CACHE_ENV}",
