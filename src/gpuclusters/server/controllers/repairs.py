@@ -253,7 +253,12 @@ class RepairReconciler(SteppedReconciler):
             row = await session.get_one(Node, node.id)
             # The node reconciler joins it again (daemons restart, the agent
             # keeps its token: its /etc survives both).
-            set_node_phase(row, P.BOOTSTRAPPING.value, f"{rem.action} done; joining")
+            set_node_phase(
+                row,
+                P.BOOTSTRAPPING.value,
+                f"{rem.action} done; joining",
+                deadlines=self.rt.settings.node_phase_deadlines_s,
+            )
             await session.commit()
         return await self._save(row_id, token, step="joining")
 
@@ -316,7 +321,12 @@ class RepairReconciler(SteppedReconciler):
                         row_id, token, message=f"waiting for a free host: {exc}"
                     )
                 row.host_id = host_id
-            set_node_phase(row, P.SCHEDULING.value, "migrated; rebuilding on a new host")
+            set_node_phase(
+                row,
+                P.SCHEDULING.value,
+                "migrated; rebuilding on a new host",
+                deadlines=self.rt.settings.node_phase_deadlines_s,
+            )
             row.agent_token_hash = None
             await session.commit()
         return await self._save(row_id, token, step="joining", message="")

@@ -432,6 +432,7 @@ async def _scale(session: AsyncSession, *, rt: Runtime, cluster: Cluster, num_gp
                 cluster,
                 ClusterStatus.WAITING_FOR_NODES.value,
                 f"scaling up to {want} nodes",
+                deadlines=rt.settings.cluster_phase_deadlines_s,
             )
     elif want < len(live):
         layer = rt.layer_for(cluster.cluster_type)
