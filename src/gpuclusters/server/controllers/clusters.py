@@ -10,6 +10,12 @@ watches them. It also fills the cluster's preemptible pool: once the control
 plane is up, it adds preemptible nodes on spare hosts toward the target
 (``num_preemptible_gpus``) whenever spare capacity appears. Each pass may
 take several steps; every write is fenced by the lease token.
+
+One handler per status (``handlers``), each given a ``ClusterStep`` loaded
+afresh. Every status but the settled ones and ``queued`` has a deadline
+(core/deadlines.py): past it the cluster fails with the reason and its last
+error, except ``deleting``, where a layer delete that still fails is
+skipped so that the delete finishes (as at once for a forced delete).
 """
 
 from __future__ import annotations

@@ -14,6 +14,15 @@ the node holding that host is gone, then takes it.
 Metering follows the phases: a usage record opens when a node is running
 and closes when it is released, fails or is lost.
 
+One handler per phase (``create_path``, ``delete_path``), each given a
+``NodeStep`` loaded afresh and returning an outcome (controllers/outcomes.py).
+Past its phase's deadline a node fails with the reason and its last error;
+a release instead skips what still fails. A release always finishes: a
+layer step is skipped (event ``StepSkipped``) when the cluster's control
+plane never came up, when forced, or past the deadline; deleting the
+instance is skipped when its host was removed for good, when forced or past
+the deadline (then the host is cordoned: ``HostCordoned``).
+
 Crash safety: the node row (with its host) exists before the provider is
 asked for anything, and provider calls are idempotent on the node id, so a
 crash between "ask" and "record" only means asking again. A node whose
