@@ -768,6 +768,66 @@ class NetnsNodeProvider(NodeProvider):
                     await machine.destroy(rec.layout)
                 await self._forget(state, [r.node_id for r in recs], cluster_id)
 
+    # -- for providers that keep their records here ---------------------------
+    # A provider of nodes on other machines (hosts with agents) keeps each
+    # such node as a ``remote`` record in this provider's state: the address
+    # and name come from the cluster's one network, which lives here, and a
+    # cluster's records are changed under its lock. These are the only ways
+    # in (``providers/hosts/provider.py``).
+
+    def is_local_host(self, name: str) -> bool:
+        """Whether ``name`` is a host of this machine's fleet file."""
+        return name in self._hosts
+
+    @property
+    def userns(self) -> bool:
+        return self._cfg.userns
+
+    async def records(self) -> ProviderState:
+        """Every record of this machine (loaded once, then kept)."""
+        return await self._loaded()
+
+    def cluster_lock(self, cluster_id: str) -> asyncio.Lock:
+        """The lock under which a cluster's records and network change."""
+        return self._cluster_lock(cluster_id)
+
+    async def add_remote_record(self, state: ProviderState, rec: NodeRecord) -> None:
+        """Validate a new ``remote`` record, give it its address on the
+        cluster's network and persist it (cluster lock held)."""
+        self._validated(state, rec)
+        await self._place(state, rec)
+
+    async def forget_records(
+        self, state: ProviderState, node_ids: list[str], cluster_id: str
+    ) -> None:
+        """Drop records, and the cluster's network with its last one
+        (cluster lock held)."""
+        await self._forget(state, node_ids, cluster_id)
+
+    async def join_segment(
+        self,
+        state: ProviderState,
+        *,
+        cluster_id: str,
+        vni: int,
+        local: str,
+        peers: set[str],
+        mtu: int,
+    ) -> None:
+        """This machine's side of the cluster's VXLAN segment, on the
+        cluster's own network (cluster lock held; ``ensure_segment``)."""
+        await self._segment(
+            state,
+            cluster_id=cluster_id,
+            index=None,
+            vni=vni,
+            local=local,
+            peers=peers,
+            mtu=mtu,
+            names={},
+            egress=None,
+        )
+
 
 def _static_checks(p: NetnsNodeProvider) -> NodeAccess:
     # mypy verifies here that the provider satisfies the NodeAccess protocol.
