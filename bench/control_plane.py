@@ -6,8 +6,9 @@ fresh home, boot delay 0) over a generated fleet of ``--hosts`` hosts and:
 
 1. **create**: creates ``--clusters`` clusters of ``--nodes`` nodes each through
    the API, ``--concurrency`` requests at a time; prints the API latency of the
-   creates and the time until every cluster is ``ready`` with every node
-   ``running`` (nodes/s);
+   creates, the time until every cluster is ``ready`` with every node
+   ``running`` (nodes/s), and how long each cluster took from its create to
+   ``ready`` (the first one's, the median and the longest);
 2. **idle**: CPU of each server process over ``--idle-s`` seconds with the whole
    fleet running (from ``/proc/<pid>/stat``; 100% = one core);
 3. **API latency**: ``clusters get``, ``clusters list`` and ``nodes list`` (first
@@ -54,6 +55,7 @@ import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -207,6 +209,30 @@ async def counts(engine: AsyncEngine) -> tuple[dict[str, int], dict[str, int]]:
             text("SELECT phase, count(*) FROM nodes WHERE deleted_at IS NULL GROUP BY phase")
         )
         return {str(s): int(n) for s, n in cl}, {str(p): int(n) for p, n in nd}
+
+
+async def time_to_ready(engine: AsyncEngine, first: str) -> tuple[float, list[float]]:
+    """Seconds from each live cluster's create to its first ``ready`` (from
+    the phase history): the first cluster's, and every one's."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT c.name, c.created_at, min(p.timestamp) FROM clusters c "
+                "JOIN cluster_phases p ON p.cluster_id = c.id "
+                "WHERE c.deleted_at IS NULL AND p.phase = 'ready' GROUP BY c.name, c.created_at"
+            )
+        )
+        took = {str(name): _seconds(ready) - _seconds(created) for name, created, ready in rows}
+    return took[first], sorted(took.values())
+
+
+def _seconds(ts: object) -> float:
+    """A timestamp column as epoch seconds (SQLite gives text, PostgreSQL
+    datetimes)."""
+    if isinstance(ts, str):
+        ts = datetime.fromisoformat(ts)
+    assert isinstance(ts, datetime)
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp()
 
 
 PROGRESS_EVERY_S = 5.0  # a progress line at most this often (counts are polled every 0.2 s)
@@ -409,6 +435,11 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
             t_ready = t_sent + await wait_counts(engine, args.clusters, n_nodes, args.timeout)
             print(f"create API latency: {ms(latencies)}; all sent after {t_sent:.1f} s")
             print(f"all ready after {t_ready:.1f} s ({n_nodes / t_ready:.1f} nodes/s)")
+            first, each = await time_to_ready(engine, names[0])
+            print(
+                f"first cluster ready {first:.1f} s after its create; each cluster from its "
+                f"create to ready: p50 {statistics.median(each):.1f} s, max {max(each):.1f} s"
+            )
             if killed_at is not None:
                 print(f"survivor finished {time.perf_counter() - killed_at:.1f} s after the kill")
 
