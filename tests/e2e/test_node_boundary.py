@@ -197,9 +197,13 @@ def test_privileged_host_pid_pod_enters_its_node_not_the_host(world: World) -> N
     """nsenter -t 1 from a privileged hostPID pod: PID 1 is the node's init;
     its namespaces are the node's: the node's accounts, /var and processes."""
     home = str(world.server.home)
-    # -ww: whole command lines whatever COLUMNS says (cut at 80 columns, a
-    # long checkout path hid " server --provider" on a fresh root).
-    probe = PROBE.format(root="", home=home) + "; echo '== ps'; ps -ww -eo args; echo '== end'"
+    # Every process's whole command line from /proc: the same in the
+    # node's image (BusyBox ps) and on the host, and never cut at COLUMNS
+    # (procps' ps cut a long checkout path before " server --provider").
+    probe = PROBE.format(root="", home=home) + (
+        "; echo '== ps'; for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c; echo; done"
+        "; echo '== end'"
+    )
     spec = f"""  hostPID: true
   containers:
   - name: escape
