@@ -48,15 +48,15 @@ CLUSTER_FINISH_AT_DEADLINE = frozenset({ClusterStatus.DELETING.value})
 
 
 def merged(
-    defaults: Mapping[str, float], given: Mapping[str, float], *, kind: str, names: frozenset[str]
+    defaults: Mapping[str, float], given: Mapping[str, float], *, kind: str
 ) -> dict[str, float]:
-    """``defaults`` with ``given`` laid over them; a key that is not a phase
-    of ``names``, or a negative value, is an error naming it."""
+    """``defaults`` with ``given`` laid over them; a key that is not one of
+    the defaults' phases, or a negative value, is an error naming it."""
     for key, value in given.items():
-        if key not in names:
+        if key not in defaults:
             raise ValueError(
                 f"{kind} deadline for {key!r}: not a phase with a deadline "
-                f"(one of {', '.join(sorted(names))})"
+                f"(one of {', '.join(sorted(defaults))})"
             )
         if value < 0:
             raise ValueError(f"{kind} deadline for {key!r}: must be >= 0 (0 turns it off)")

@@ -318,22 +318,12 @@ class Settings(BaseSettings):
     @field_validator("node_phase_deadlines_s")
     @classmethod
     def _node_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
-        return deadlines.merged(
-            deadlines.NODE_PHASE_DEADLINES_S,
-            value,
-            kind="node phase",
-            names=frozenset(deadlines.NODE_PHASE_DEADLINES_S),
-        )
+        return deadlines.merged(deadlines.NODE_PHASE_DEADLINES_S, value, kind="node phase")
 
     @field_validator("cluster_phase_deadlines_s")
     @classmethod
     def _cluster_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
-        return deadlines.merged(
-            deadlines.CLUSTER_PHASE_DEADLINES_S,
-            value,
-            kind="cluster status",
-            names=frozenset(deadlines.CLUSTER_PHASE_DEADLINES_S),
-        )
+        return deadlines.merged(deadlines.CLUSTER_PHASE_DEADLINES_S, value, kind="cluster status")
 
     @field_validator("gateway_ports")
     @classmethod

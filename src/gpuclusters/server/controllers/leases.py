@@ -26,7 +26,7 @@ import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -56,6 +56,15 @@ def _expiry(ttl_s: float) -> datetime:
     return utcnow() + timedelta(seconds=ttl_s)
 
 
+def _claimable(model: LeasedModel, now: datetime) -> tuple[ColumnElement[bool], ...]:
+    """A row may be claimed when nobody's lease on it is live and its next
+    attempt (after a failure) is due."""
+    return (
+        or_(model.lock_expires_at.is_(None), model.lock_expires_at < now),
+        or_(model.next_attempt_at.is_(None), model.next_attempt_at <= now),
+    )
+
+
 async def claim(
     session: AsyncSession, model: LeasedModel, row_id: str, *, owner: str, ttl_s: float
 ) -> str | None:
@@ -64,9 +73,7 @@ async def claim(
     now = utcnow()
     result = await session.execute(
         update(model)
-        .where(model.id == row_id)
-        .where(or_(model.lock_expires_at.is_(None), model.lock_expires_at < now))
-        .where(or_(model.next_attempt_at.is_(None), model.next_attempt_at <= now))
+        .where(model.id == row_id, *_claimable(model, now))
         .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
         .execution_options(synchronize_session=False)
     )
@@ -86,9 +93,7 @@ async def claim_many(
     now = utcnow()
     result = await session.execute(
         update(model)
-        .where(model.id.in_(ids))
-        .where(or_(model.lock_expires_at.is_(None), model.lock_expires_at < now))
-        .where(or_(model.next_attempt_at.is_(None), model.next_attempt_at <= now))
+        .where(model.id.in_(ids), *_claimable(model, now))
         .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
         .returning(model.id)
         .execution_options(synchronize_session=False)
@@ -98,17 +103,25 @@ async def claim_many(
     return dict.fromkeys(claimed, token)
 
 
-async def fence(
+async def _extend(
     session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, ttl_s: float
-) -> None:
-    """Renew our lease inside the current transaction, or raise ``LeaseLost``."""
+) -> bool:
+    """Push our lease's expiry out, in the current transaction; False if
+    the lease is not ours."""
     result = await session.execute(
         update(model)
         .where(model.id == row_id, model.lock_token == token)
         .values(lock_expires_at=_expiry(ttl_s))
         .execution_options(synchronize_session=False)
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+async def fence(
+    session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, ttl_s: float
+) -> None:
+    """Renew our lease inside the current transaction, or raise ``LeaseLost``."""
+    if not await _extend(session, model, row_id, token=token, ttl_s=ttl_s):
         raise LeaseLost(f"{model.__tablename__} {row_id}: lease lost")
 
 
@@ -116,14 +129,9 @@ async def renew(
     session: AsyncSession, model: LeasedModel, row_id: str, *, token: str, ttl_s: float
 ) -> bool:
     """Push our lease's expiry out (the heartbeat); False if it is not ours."""
-    result = await session.execute(
-        update(model)
-        .where(model.id == row_id, model.lock_token == token)
-        .values(lock_expires_at=_expiry(ttl_s))
-        .execution_options(synchronize_session=False)
-    )
+    mine = await _extend(session, model, row_id, token=token, ttl_s=ttl_s)
     await session.commit()
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    return mine
 
 
 async def release(
