@@ -75,7 +75,7 @@ def of_cluster(home: Path, cluster_id: str) -> dict[str, set[str]]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.stat(f"/proc/{pid}/ns/net").st_ino in inodes:
-                procs.add(pid)
+                procs.add(_process(pid))
         except OSError:
             continue
     dirs = [r.node_id for r in recs]
@@ -87,6 +87,26 @@ def of_cluster(home: Path, cluster_id: str) -> dict[str, set[str]]:
     return {"netns": netns, "processes": procs, "mounts": mounts, "dirs": set(dirs)}
 
 
+def _process(pid: str) -> str:
+    """A process's identity: its pid and start time (a pid alone may be
+    given to a new process once the old one is gone)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}:{cmd}"
+
+
+def _alive(identity: str) -> bool:
+    """Still running: the same process, and not a zombie (one that exited
+    and waits for its parent, the server, to reap it, as a node's kept
+    shell helper does for a moment after the node is powered off)."""
+    pid = identity.split(":", 1)[0]
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and _process(pid) == identity
+    except OSError:
+        return False
+
+
 def still_there(before: dict[str, set[str]]) -> dict[str, set[str]]:
     """Which of what was there before is there still."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -94,7 +114,7 @@ def still_there(before: dict[str, set[str]]) -> dict[str, set[str]]:
     mounts = Path("/proc/mounts").read_text()
     return {
         "netns": before["netns"] & present,
-        "processes": {p for p in before["processes"] if Path(f"/proc/{p}").exists()},
+        "processes": {p for p in before["processes"] if _alive(p)},
         "mounts": {d for d in before["dirs"] if d in mounts},
     }
 
