@@ -60,7 +60,10 @@ def query(url: str, sql: str) -> list[tuple[Any, ...]]:
     return asyncio.run(run())
 
 
-def start_pair(servers: Servers, tmp_path: Path, database_url: str) -> list[ServerHandle]:
+def start_pair(
+    servers: Servers, tmp_path: Path, database_url: str, *, b_env: dict[str, str] | None = None
+) -> list[ServerHandle]:
+    """Replicas A and B on one database and home; ``b_env`` adds settings to B."""
     home = tmp_path / "shared-home"
     env = {
         "GPUCLUSTERS_DATABASE_URL": database_url,
@@ -68,7 +71,7 @@ def start_pair(servers: Servers, tmp_path: Path, database_url: str) -> list[Serv
         "GPUCLUSTERS_LEASE_TTL_S": str(LEASE_TTL_S),
     }
     a = servers(boot_delay_s=0.3, home=home, env=env)
-    b = servers(boot_delay_s=0.3, home=home, env=env)
+    b = servers(boot_delay_s=0.3, home=home, env=env | (b_env or {}))
     return [a, b]
 
 
@@ -104,7 +107,13 @@ def test_two_replicas_serve_the_same_state(
 def test_survivor_finishes_the_work_of_a_replica_killed_mid_burst(
     database_url: str, server_factory: Servers, tmp_path: Path
 ) -> None:
-    a, b = start_pair(server_factory, tmp_path, database_url)
+    # B's provider takes 3 s per create (a slow cloud API), so a node B
+    # claims to provision stays leased by B for 3 s: long enough to be seen
+    # and to be killed in the middle of it. (With instant creates B's leases
+    # last milliseconds and the poll below could miss every one.)
+    a, b = start_pair(
+        server_factory, tmp_path, database_url, b_env={"GPUCLUSTERS_FAKE_CREATE_DELAY_S": "3"}
+    )
     key = a.api_key
     keep = [f"k{i}" for i in range(5)]
     drop = [f"d{i}" for i in range(2)]
@@ -120,8 +129,8 @@ def test_survivor_finishes_the_work_of_a_replica_killed_mid_burst(
             r = apis[i % 2].delete(f"{PROJECT}/clusters/{name}")
             assert r.status_code == 202, r.text
 
-        # Kill B while it holds leases in the middle of the work (nodes
-        # boot for 0.3 s each, so there is work in flight for a while).
+        # Kill B while it holds leases in the middle of the work (inside a
+        # create call, or another step).
         assert b.proc is not None
         b_owner = f"%:{b.proc.pid}:%"
 

@@ -36,6 +36,7 @@ class ProviderOptions:
     fleet_file: Path | None = None
     fake_boot_delay_s: float = 1.0
     fake_fail_hosts: frozenset[str] = field(default_factory=frozenset)
+    fake_create_delay_s: float = 0.0
     # netns: where mount/UTS namespaces are pinned (None: /run/gpuclusters/ns),
     # and whether GPU nodes start the node agent.
     netns_ns_dir: Path | None = None
@@ -61,6 +62,7 @@ def _make_fake(opts: ProviderOptions) -> NodeProvider:
             state_file=opts.home / "fake-provider.sqlite",
             boot_delay_s=opts.fake_boot_delay_s,
             fail_hosts=opts.fake_fail_hosts,
+            create_delay_s=opts.fake_create_delay_s,
         )
     )
 

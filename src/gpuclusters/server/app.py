@@ -144,6 +144,7 @@ async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
             fleet_file=settings.fleet_file,
             fake_boot_delay_s=settings.fake_boot_delay_s,
             fake_fail_hosts=frozenset(settings.fake_fail_hosts),
+            fake_create_delay_s=settings.fake_create_delay_s,
             host_directory=DbHostDirectory(sessionmaker),
             agent_ssl=agent_client_context(hosts_pki),
             underlay_address=settings.underlay_address or primary_address(),

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     fleet_file: Path | None = None
     fake_boot_delay_s: float = Field(default=1.0, ge=0)
     fake_fail_hosts: list[str] = Field(default_factory=list)
+    fake_create_delay_s: float = Field(
+        default=0.0, ge=0, description="how long the fake provider's create call takes"
+    )
     k8s_bin: Path | None = Field(
         default=None,
         description="directory with the Kubernetes and etcd binaries "

@@ -16,11 +16,14 @@ statements in autocommit-sized transactions, fast enough to run on the event
 loop; WAL lets readers run beside a writer.
 
 Hosts named in ``fail_hosts`` make every node placed on them fail, to
-exercise failure paths.
+exercise failure paths. ``create_delay_s`` makes each create call take that
+long before the instance exists (a cloud API's latency), so tests can catch a
+replica in the middle of a provider call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -95,6 +98,7 @@ class FakeProviderConfig:
     state_file: Path
     boot_delay_s: float = 1.0
     fail_hosts: frozenset[str] = field(default_factory=frozenset)
+    create_delay_s: float = 0.0
 
 
 class FakeNodeProvider(NodeProvider):
@@ -141,6 +145,10 @@ class FakeNodeProvider(NodeProvider):
             return self._instance(spec.node_id, rec)
         if spec.host not in self._hosts:
             raise PermanentProviderError(f"unknown host {spec.host!r}")
+        if self._config.create_delay_s:
+            await asyncio.sleep(self._config.create_delay_s)
+            if (rec := self._record(spec.node_id)) is not None:
+                return self._instance(spec.node_id, rec)  # made meanwhile
         try:
             self._db.execute(
                 "INSERT INTO instances (node_id, name, cluster_id, host, compute_class, booted_at)"
