@@ -34,7 +34,9 @@ from gpuclusters.cli.context import (
     OutputFormat,
     OutputOpt,
     ProjectOpt,
+    ReasonOpt,
     api_command,
+    forced_reason,
     note_next_page,
     one_or_every_page,
     open_client,
@@ -387,9 +389,7 @@ def delete(
             "as an event) instead of retrying them; needs --reason",
         ),
     ] = False,
-    reason: Annotated[
-        str | None, typer.Option("--reason", help="why the delete is forced (recorded)")
-    ] = None,
+    reason: ReasonOpt = None,
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="accepted for scripts; delete never prompts")
     ] = False,
@@ -400,11 +400,10 @@ def delete(
     cannot work are skipped with an event, at once where the cluster never
     came up, else at the deadline (or at once with --force)."""
     del yes  # deletion is always non-interactive
-    if reason is not None and not force:
-        raise typer.BadParameter("--reason goes with --force", param_hint="--reason")
+    force_reason = forced_reason(force, reason)
     with open_client(project) as client:
         cluster = client.clusters.delete(
-            name, delete_volume=delete_volume, force_reason=(reason or "") if force else None
+            name, delete_volume=delete_volume, force_reason=force_reason
         )
         if not wait:
             _show(output, cluster)

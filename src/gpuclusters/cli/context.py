@@ -78,6 +78,20 @@ CursorOpt = Annotated[
     ),
 ]
 
+ReasonOpt = Annotated[
+    str | None,
+    typer.Option("--reason", show_default=False, help="why it is forced (recorded); needs --force"),
+]
+
+
+def forced_reason(force: bool, reason: str | None) -> str | None:
+    """What a ``--force --reason`` pair sends: the reason when forced (an
+    empty one is refused by the server, naming the field), else None;
+    ``--reason`` alone is a usage error."""
+    if reason is not None and not force:
+        raise typer.BadParameter("--reason goes with --force", param_hint="--reason")
+    return (reason or "") if force else None
+
 
 def one_or_every_page(
     limit: int | None,

@@ -23,7 +23,9 @@ from gpuclusters.cli.context import (
     OutputFormat,
     OutputOpt,
     ProjectOpt,
+    ReasonOpt,
     api_command,
+    forced_reason,
     note_next_page,
     one_or_every_page,
     open_client,
@@ -347,18 +349,15 @@ def hosts_remove(
             "reason); needs --reason",
         ),
     ] = False,
-    reason: Annotated[
-        str | None, typer.Option("--reason", help="why it is forced (recorded on its nodes)")
-    ] = None,
+    reason: ReasonOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Take a host with a host agent out of the fleet (it must hold no node:
     drain it first, or --force for a host that is gone for good). Its
     agent's credentials stop working."""
-    if reason is not None and not force:
-        raise typer.BadParameter("--reason goes with --force", param_hint="--reason")
+    force_reason = forced_reason(force, reason)
     with open_client() as client:
-        host = client.hosts.remove(name, force_reason=(reason or "") if force else None)
+        host = client.hosts.remove(name, force_reason=force_reason)
     emit(output, host, render=lambda: hosts_table([host]))
 
 
