@@ -22,6 +22,7 @@ from gpuclusters.providers.base import (
 )
 from gpuclusters.server.controllers.outcomes import StepFailed
 from gpuclusters.server.controllers.testing import ControllerHarness
+from gpuclusters.server.db.allocation import allocate_nodes
 from gpuclusters.server.db.models import Cluster, Host, Node, NodeEvent, utcnow
 
 
@@ -53,6 +54,31 @@ async def test_pending_moves_to_scheduling_with_a_deadline(h: ControllerHarness)
     assert row.phase_deadline_at is not None
     limit = h.rt.settings.node_phase_deadlines_s["scheduling"]
     assert abs((row.phase_deadline_at - row.phase_changed_at).total_seconds() - limit) < 1
+
+
+async def test_placed_nodes_show_the_pending_deadline_from_settings(tmp_path: Path) -> None:
+    # Nodes are made pending by placement (services and the pool filler), not
+    # by a step: their deadline is shown from the start, not only once they
+    # move, and it is the one the settings give.
+    async with ControllerHarness.open(tmp_path, node_phase_deadlines_s={"pending": 120.0}) as h:
+        cluster = await ready_cluster(h)
+        for _ in range(2):
+            await h.rows.host()
+        async with h.rt.sessionmaker() as session:
+            row = await session.get_one(Cluster, cluster.id)
+            placed = await allocate_nodes(
+                session,
+                cluster=row,
+                count=2,
+                compute_class="standard",
+                deadlines=h.rt.settings.node_phase_deadlines_s,
+            )
+            await session.commit()
+        for node in placed:
+            stored = await h.node(node.id)
+            assert stored.phase == "pending" and stored.phase_deadline_at is not None
+            waited = stored.phase_deadline_at - stored.phase_changed_at
+            assert abs(waited.total_seconds() - 120.0) < 1
 
 
 async def test_pending_awaiting_a_held_host_waits_then_takes_it(h: ControllerHarness) -> None:

@@ -251,6 +251,7 @@ class ClusterReconciler(SteppedReconciler):
                     count=cluster.num_gpus // GPUS_PER_NODE,
                     compute_class=ComputeClass.STANDARD.value,
                     work=work_probe(session, self.rt),
+                    deadlines=self.rt.settings.node_phase_deadlines_s,
                 )
             except CapacityUnavailableError as exc:
                 await session.rollback()
@@ -346,6 +347,7 @@ class ClusterReconciler(SteppedReconciler):
                 cluster=cluster,
                 count=count,
                 compute_class=ComputeClass.PREEMPTIBLE.value,
+                deadlines=self.rt.settings.node_phase_deadlines_s,
             )
             await session.flush()
             for node in added:

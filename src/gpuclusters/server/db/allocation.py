@@ -24,13 +24,14 @@ import secrets
 import string
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from sqlalchemy import ColumnElement, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core.capacity.placement import HostSlot, describe_counts, plan_islands
 from gpuclusters.core.capacity.preemption import PreemptibleNode, choose_victims
+from gpuclusters.core.deadlines import NODE_PHASE_DEADLINES_S, deadline_at
 from gpuclusters.core.enums import ComputeClass, HostAgentStatus, HostState, NodePhase
 from gpuclusters.core.errors import CapacityUnavailableError
 from gpuclusters.server.db.capacity import held_back_for
@@ -178,8 +179,11 @@ async def allocate_nodes(
     count: int,
     compute_class: str,
     work: WorkProbe | None = None,
+    deadlines: Mapping[str, float] | None = None,
 ) -> list[Node]:
-    """Place ``count`` new nodes for the cluster and add their rows (pending).
+    """Place ``count`` new nodes for the cluster and add their rows (pending,
+    with the pending phase's deadline from ``deadlines``: settings'
+    node_phase_deadlines_s, else the defaults).
 
     Standard nodes reclaim hosts from preemptible nodes when free hosts are
     not enough (``work`` tells how busy each candidate is). Raises
@@ -222,6 +226,10 @@ async def allocate_nodes(
         used_islands=used_islands,
         free=free,
     )
+    now = utcnow()
+    pending_deadline = deadline_at(
+        NODE_PHASE_DEADLINES_S if deadlines is None else deadlines, NodePhase.PENDING.value, now
+    )
     nodes = [
         Node(
             cluster_id=cluster.id,
@@ -230,6 +238,8 @@ async def allocate_nodes(
             host_id=host_id,
             compute_class=compute_class,
             phase=NodePhase.PENDING.value,
+            phase_changed_at=now,
+            phase_deadline_at=pending_deadline,
         )
         for host_id, _ in chosen
     ]
@@ -249,6 +259,8 @@ async def allocate_nodes(
                 awaited_host_id=host_id,
                 compute_class=compute_class,
                 phase=NodePhase.PENDING.value,
+                phase_changed_at=now,
+                phase_deadline_at=pending_deadline,
                 message=f"waiting for host {victim.host}: preemptible node {victim.name} "
                 "is giving it back",
             )

@@ -248,6 +248,7 @@ async def _create_once(
                 count=body.num_gpus // GPUS_PER_NODE,
                 compute_class=ComputeClass.STANDARD.value,
                 work=work_probe(session, rt),
+                deadlines=rt.settings.node_phase_deadlines_s,
             )
         except CapacityUnavailableError as exc:
             if not body.queue_if_unavailable:
@@ -417,6 +418,7 @@ async def _scale(session: AsyncSession, *, rt: Runtime, cluster: Cluster, num_gp
             count=want - len(live),
             compute_class=ComputeClass.STANDARD.value,
             work=work_probe(session, rt),
+            deadlines=rt.settings.node_phase_deadlines_s,
         )
         await session.flush()
         for node in added:
