@@ -352,6 +352,12 @@ async def steady_latency(api: Api, names: list[str], rate: float, seconds: float
         print(f"  {kind:14s} {ms(samples[kind])}")
 
 
+def servers_cpu(fleet: Fleet) -> float:
+    """CPU seconds used so far by the live servers (the killed one's stop
+    counting when it dies)."""
+    return sum(cpu_seconds(r.proc.pid) for r in fleet.live())
+
+
 async def idle_cpu(fleet: Fleet, seconds: float) -> None:
     pids = {r.index: r.server_pid() for r in fleet.live()}
     before = {i: cpu_seconds(p) for i, p in pids.items()}
@@ -430,11 +436,20 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
             victim = fleet.replicas[-1] if args.kill else None
 
             t0 = time.perf_counter()
+            cpu0 = servers_cpu(fleet)
             latencies, killed_at = await create_all(api, names, args, victim)
             t_sent = time.perf_counter() - t0
             t_ready = t_sent + await wait_counts(engine, args.clusters, n_nodes, args.timeout)
+            cpu = servers_cpu(fleet) - cpu0
             print(f"create API latency: {ms(latencies)}; all sent after {t_sent:.1f} s")
-            print(f"all ready after {t_ready:.1f} s ({n_nodes / t_ready:.1f} nodes/s)")
+            # (Not with a replica killed: its CPU stops counting when it dies.)
+            cpu_note = (
+                ""
+                if killed_at is not None
+                else f"; server CPU {cpu:.1f} s ({1000 * cpu / n_nodes:.1f} ms per node, "
+                f"{100 * cpu / t_ready:.0f} % of a core)"
+            )
+            print(f"all ready after {t_ready:.1f} s ({n_nodes / t_ready:.1f} nodes/s){cpu_note}")
             first, each = await time_to_ready(engine, names[0])
             print(
                 f"first cluster ready {first:.1f} s after its create; each cluster from its "
@@ -451,10 +466,16 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
                     await one_node_change(api, engine, names[0], args.nodes)
 
             t1 = time.perf_counter()
+            cpu0 = servers_cpu(fleet)
             await delete_all(api, names, args.concurrency)
             t_gone = time.perf_counter() - t1
             t_gone += await wait_counts(engine, 0, 0, args.timeout)
-            print(f"all deleted after {t_gone:.1f} s ({n_nodes / t_gone:.1f} nodes/s)", flush=True)
+            cpu = servers_cpu(fleet) - cpu0
+            print(
+                f"all deleted after {t_gone:.1f} s ({n_nodes / t_gone:.1f} nodes/s); "
+                f"server CPU {cpu:.1f} s ({1000 * cpu / n_nodes:.1f} ms per node)",
+                flush=True,
+            )
         finally:
             if api is not None:
                 await api.close()

@@ -24,9 +24,11 @@ A pass claims only as many rows as it can start now (twice the concurrency,
 so the next is ready when one finishes), in one statement per batch: a lease is held while work is
 done, not while it waits its turn, so a burst of thousands of rows neither
 outlives its leases nor keeps other replicas from the rows this one cannot
-reach yet. The next pass starts after the last row claimed (round robin),
-so rows that wait on something slow do not starve the rest; a pass that
-stopped short asks for another as soon as a task ends.
+reach yet. The next pass starts after the last row claimed (round robin, in
+the reconciler's ``rank`` order: nodes oldest first, so in a burst the first
+cluster's nodes are served first and it is ready first, not all clusters at
+the end), so rows that wait on something slow do not starve the rest; a
+pass that stopped short asks for another as soon as a task ends.
 
 Passes are *full* (every candidate) when the poll interval has passed since
 the last full one or a hint asked for one; a hint that names rows
@@ -44,6 +46,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -87,7 +90,7 @@ class Reconciler(ABC):
         self._sem = asyncio.Semaphore(ctx.concurrency)
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._last_claimed = ""  # where the next pass starts (round robin)
+        self._last_rank: tuple[Any, ...] = ()  # where the next pass starts (round robin)
         self._backlog = False  # the last pass left candidates unclaimed
         self._last_full = float("-inf")  # when the last full pass ran
         self._deferred: set[str] = set()  # hinted while in flight: look again after
@@ -95,6 +98,15 @@ class Reconciler(ABC):
     @abstractmethod
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         """Ids of rows that need work now."""
+
+    # Seconds a woken loop waits for more hints before its pass (0: none).
+    gather_s = 0.0
+
+    def rank(self, row_id: str) -> tuple[Any, ...]:
+        """A candidate's place in the round: by id, unless a reconciler
+        knows better (nodes go oldest first, so the first cluster of a burst
+        is served first rather than every cluster a little)."""
+        return (row_id,)
 
     async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
         """The candidates among ``ids`` (a targeted pass). Reconcilers with
@@ -140,6 +152,10 @@ class Reconciler(ABC):
         while not self._stopping:
             await self.run_once()
             await self.ctx.hints.wait(self.name, self.ctx.interval_s)
+            if self.gather_s:
+                # Let the hints that come together make one pass (ten nodes
+                # of a cluster going live wake it once, not ten times).
+                await asyncio.sleep(self.gather_s)
 
     async def run_once(self) -> None:
         """One pass: claim and start work on candidate rows, up to the room
@@ -154,9 +170,9 @@ class Reconciler(ABC):
                 found = set(await self.candidates_among(session, hinted)) & hinted
         if full:
             self._last_full = now
-        ids = sorted(found)
+        ids = sorted(found, key=self.rank)
         # Round robin: start after the row claimed last.
-        start = next((i for i, row_id in enumerate(ids) if row_id > self._last_claimed), 0)
+        start = next((i for i, row_id in enumerate(ids) if self.rank(row_id) > self._last_rank), 0)
         room = 2 * self.ctx.concurrency
         self._backlog = False
         eligible = []
@@ -180,7 +196,7 @@ class Reconciler(ABC):
             for row_id in batch:  # in round-robin order
                 token = claimed.get(row_id)
                 if token is not None:
-                    self._last_claimed = row_id
+                    self._last_rank = self.rank(row_id)
                     self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
 
     async def work_on(self, row_id: str) -> bool:

@@ -103,6 +103,9 @@ Handler = Callable[[ClusterStep], Awaitable[Outcome]]
 class ClusterReconciler(SteppedReconciler):
     name = hints.CLUSTERS
     model = Cluster
+    # A cluster hears from each of its nodes as it settles; their hints a
+    # moment apart make one pass.
+    gather_s = 0.2
 
     def __init__(self, ctx: ControllerContext, rt: Runtime) -> None:
         super().__init__(ctx)
@@ -236,8 +239,9 @@ class ClusterReconciler(SteppedReconciler):
             self.ctx.sessionmaker() as session,
             placement_guard(session, self.rt.placement_lock),
         ):
-            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            cluster = await session.get_one(Cluster, row_id)
+            cluster = await leases.fenced(
+                session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             if (
                 cluster.nodes_placed
                 or cluster.status == S.DELETING.value
@@ -332,8 +336,9 @@ class ClusterReconciler(SteppedReconciler):
             self.ctx.sessionmaker() as session,
             placement_guard(session, self.rt.placement_lock),
         ):
-            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            cluster = await session.get_one(Cluster, row_id)
+            cluster = await leases.fenced(
+                session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             if cluster.status not in _POOL_STATUSES:
                 return False
             count = min(
@@ -566,8 +571,9 @@ class ClusterReconciler(SteppedReconciler):
         if access is None:
             return
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            cluster = await session.get_one(Cluster, row_id)
+            cluster = await leases.fenced(
+                session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             settings = self.rt.settings
             if await assign_ports(
                 session, cluster, host=settings.gateway_host, port_range=settings.gateway_port_range
@@ -594,8 +600,9 @@ class ClusterReconciler(SteppedReconciler):
 
     async def _transition(self, row_id: str, token: str, status: S, message: str = "") -> bool:
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            cluster = await session.get_one(Cluster, row_id)
+            cluster = await leases.fenced(
+                session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             if cluster.status == S.DELETING.value:
                 return False  # a delete arrived meanwhile; next pass handles it
             changed = await set_cluster_status(
@@ -610,8 +617,9 @@ class ClusterReconciler(SteppedReconciler):
 
     async def _bind_volume(self, row_id: str, token: str) -> bool:
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            cluster = await session.get_one(Cluster, row_id)
+            cluster = await leases.fenced(
+                session, Cluster, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             if cluster.status == S.DELETING.value:
                 return False  # a delete arrived meanwhile (as in _transition)
             volume = await session.get(Volume, cluster.volume_id) if cluster.volume_id else None

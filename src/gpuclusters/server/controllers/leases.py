@@ -6,6 +6,9 @@
   the lease only if our token still matches. Its UPDATE takes the row's write
   lock (PostgreSQL) or the database write lock (SQLite) until commit, so
   nobody can steal the row between the check and our write.
+* ``fenced`` is ``fence`` that also loads the row, in the same statement
+  (UPDATE ... RETURNING): the write-back that goes on to change the row
+  needs no second query for it.
 * ``renew`` is the heartbeat: it pushes our lease's expiry out while a step
   runs (controllers/base.py), fenced by the token like every write.
 * ``release`` clears the lease if it is still ours, and records the outcome
@@ -25,6 +28,7 @@ import secrets
 import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -40,6 +44,7 @@ from gpuclusters.server.db.models import (
     utcnow,
 )
 
+Row = TypeVar("Row", Cluster, Node, Volume, Remediation, HealthRun)
 LeasedModel = type[Cluster] | type[Node] | type[Volume] | type[Remediation] | type[HealthRun]
 LEASED_MODELS: tuple[LeasedModel, ...] = (Cluster, Node, Volume, Remediation, HealthRun)
 
@@ -123,6 +128,23 @@ async def fence(
     """Renew our lease inside the current transaction, or raise ``LeaseLost``."""
     if not await _extend(session, model, row_id, token=token, ttl_s=ttl_s):
         raise LeaseLost(f"{model.__tablename__} {row_id}: lease lost")
+
+
+async def fenced(
+    session: AsyncSession, model: type[Row], row_id: str, *, token: str, ttl_s: float
+) -> Row:
+    """``fence``, returning the row (loaded into the session by the same
+    statement); raises ``LeaseLost`` if the lease is not ours."""
+    row = await session.scalar(
+        update(model)
+        .where(model.id == row_id, model.lock_token == token)
+        .values(lock_expires_at=_expiry(ttl_s))
+        .returning(model)
+        .execution_options(populate_existing=True)
+    )
+    if row is None:
+        raise LeaseLost(f"{model.__tablename__} {row_id}: lease lost")
+    return row
 
 
 async def renew(

@@ -36,6 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -137,6 +138,8 @@ class NodeReconciler(SteppedReconciler):
         # dead daemons), rebuilt if the instance is gone (e.g. the host
         # rebooted). Nodes that reach running later were just joined.
         self._to_verify = rt.nodes_to_verify
+        # Creation times of the candidates seen, for ``rank``.
+        self._created: dict[str, float] = {}
         # One handler per phase: the way up, and the way out once the node
         # is marked ``to_delete`` (preempted nodes take _preempt first).
         self.create_path: dict[NodePhase, Handler] = {
@@ -167,22 +170,31 @@ class NodeReconciler(SteppedReconciler):
                 )
             )
             self.rt.nodes_snapshot_taken = True
-        active = await session.scalars(
-            select(Node.id).where(
+        active = await session.execute(
+            select(Node.id, Node.created_at).where(
                 Node.deleted_at.is_(None), Node.phase.in_(_ACTIVE) | Node.to_delete
             )
         )
-        return [*active, *self._to_verify]
+        # A full pass sees every candidate: forget the ranks of the others.
+        self._created = {row_id: created.timestamp() for row_id, created in active}
+        return [*self._created, *self._to_verify]
 
     async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
-        active = await session.scalars(
-            select(Node.id).where(
+        active = await session.execute(
+            select(Node.id, Node.created_at).where(
                 Node.id.in_(ids),
                 Node.deleted_at.is_(None),
                 Node.phase.in_(_ACTIVE) | Node.to_delete,
             )
         )
-        return [*active, *(ids & self._to_verify)]
+        found = {row_id: created.timestamp() for row_id, created in active}
+        self._created.update(found)
+        return [*found, *(ids & self._to_verify)]
+
+    def rank(self, row_id: str) -> tuple[Any, ...]:
+        # Oldest first (a cluster's nodes are made together); the running
+        # nodes checked once after a restart (no rank kept) before them.
+        return (self._created.get(row_id, 0.0), row_id)
 
     async def settled(self, row_id: str, taken: list[Outcome]) -> None:
         # The cluster's status follows its running, failed and deleted nodes:
@@ -267,8 +279,9 @@ class NodeReconciler(SteppedReconciler):
         reason (its repair policy takes over from there; docs/health.md).
         A node being deleted does not fail: its release goes on."""
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            node = await session.get_one(Node, row_id)
+            node = await leases.fenced(
+                session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             to_delete = node.to_delete
         if to_delete:
             raise StepFailed(reason)
@@ -471,8 +484,9 @@ class NodeReconciler(SteppedReconciler):
     async def _take_awaited_host(self, row_id: str, token: str) -> Outcome:
         """Take the awaited host once no live node holds it any more."""
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            node = await session.get_one(Node, row_id)
+            node = await leases.fenced(
+                session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             host_id = node.awaited_host_id
             if host_id is None:
                 return WAIT
@@ -503,8 +517,9 @@ class NodeReconciler(SteppedReconciler):
             now = utcnow()
             deadline = now + timedelta(seconds=self.rt.settings.preemption_grace_s)
             async with self.ctx.sessionmaker() as session:
-                await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-                row = await session.get_one(Node, row_id)
+                row = await leases.fenced(
+                    session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+                )
                 set_node_phase(row, P.DRAINING.value, why, deadlines=self.deadlines)
                 row.preempt_deadline = deadline
                 row.cordoned = True
@@ -589,8 +604,9 @@ class NodeReconciler(SteppedReconciler):
         agent_token = new_key()
         await shell.write_file(AGENT_TOKEN_PATH, agent_token.encode() + b"\n", mode=0o600)
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            node = await session.get_one(Node, row_id)
+            node = await leases.fenced(
+                session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             node.agent_token_hash = hash_key(agent_token)
             node.address = shell.address
             await session.commit()
@@ -612,8 +628,9 @@ class NodeReconciler(SteppedReconciler):
         """Move the node to ``phase`` (fenced), with what goes with it:
         metering, events, the steps a release skipped."""
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            node = await session.get_one(Node, row_id)
+            node = await leases.fenced(
+                session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             before = node.phase
             if node.phase == phase.value and not deleted:
                 return WAIT

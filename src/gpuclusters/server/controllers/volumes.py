@@ -52,8 +52,9 @@ class VolumeReconciler(Reconciler):
         else:
             return False
         async with self.ctx.sessionmaker() as session:
-            await leases.fence(session, Volume, row_id, token=token, ttl_s=self.ctx.lease_ttl_s)
-            volume = await session.get_one(Volume, row_id)
+            volume = await leases.fenced(
+                session, Volume, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
+            )
             volume.status = new_status.value
             if new_status is V.DELETED:
                 volume.deleted_at = utcnow()

@@ -139,6 +139,8 @@ async def open_usage(session: AsyncSession, node: Node, cluster: Cluster) -> Non
 
 async def close_usage(session: AsyncSession, node: Node) -> None:
     """Stop metering a node (released, failed or lost); a no-op if not metered."""
+    if node.ready_at is None:
+        return  # never went live, so never metered (usage opens with ready_at)
     record = await _open_usage(session, node.id)
     if record is not None:
         record.ended_at = utcnow()
