@@ -81,6 +81,37 @@ async def test_placed_nodes_show_the_pending_deadline_from_settings(tmp_path: Pa
             assert abs(waited.total_seconds() - 120.0) < 1
 
 
+async def test_a_pass_moves_placed_pending_nodes_in_one_statement(h: ControllerHarness) -> None:
+    # pending -> scheduling has no side effect: a pass makes it for every
+    # placed node at once, but never for a node someone holds, one awaiting
+    # a host, or one being deleted (those take their steps).
+    cluster = await ready_cluster(h)
+    host = await h.rows.host()
+    placed = await h.rows.node(cluster, host)
+    other = await h.rows.node(cluster)
+    waiter = await h.rows.node(cluster, host_id=None, awaited_host_id=(await h.rows.host()).id)
+    soon = utcnow() + timedelta(minutes=1)
+    leased = await h.rows.node(
+        cluster, lock_owner="elsewhere", lock_token="t", lock_expires_at=soon
+    )
+    deleting = await h.rows.node(cluster, to_delete=True)
+    backing_off = await h.rows.node(cluster, next_attempt_at=soon)
+    async with h.rt.sessionmaker() as session:
+        await h.nodes.batch_moves(session, {placed.id, waiter.id, leased.id, deleting.id})
+    row = await h.node(placed.id)
+    assert (row.phase, row.message) == ("scheduling", f"placed on {host.name}")
+    limit = h.rt.settings.node_phase_deadlines_s["scheduling"]
+    assert row.phase_deadline_at is not None
+    assert abs((row.phase_deadline_at - row.phase_changed_at).total_seconds() - limit) < 1
+    for untouched in (other, waiter, leased, deleting, backing_off):  # other: not named
+        assert (await h.node(untouched.id)).phase == "pending"
+    async with h.rt.sessionmaker() as session:
+        await h.nodes.batch_moves(session, None)  # a full pass: every placed one
+    assert (await h.node(other.id)).phase == "scheduling"
+    for untouched in (waiter, leased, deleting, backing_off):
+        assert (await h.node(untouched.id)).phase == "pending"
+
+
 async def test_pending_awaiting_a_held_host_waits_then_takes_it(h: ControllerHarness) -> None:
     cluster = await ready_cluster(h)
     host = await h.rows.host()

@@ -99,6 +99,13 @@ class Reconciler(ABC):
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
         """Ids of rows that need work now."""
 
+    async def batch_moves(self, session: AsyncSession, among: set[str] | None) -> None:
+        """Before a pass looks for candidates: moves that need no step of
+        their own (no side effect, nothing to ask anyone), made for many
+        rows in one statement, among ``among`` (a targeted pass) or all.
+        Only on rows nobody holds (``leases.claimable``); none by default."""
+        del session, among
+
     # Seconds a woken loop waits for more hints before its pass (0: none).
     gather_s = 0.0
 
@@ -164,6 +171,7 @@ class Reconciler(ABC):
         now = time.monotonic()
         full = full_hint or not hinted or now - self._last_full >= self.ctx.interval_s
         async with self.ctx.sessionmaker() as session:
+            await self.batch_moves(session, None if full else hinted)
             if full:
                 found = set(await self.candidates(session))
             else:

@@ -28,6 +28,8 @@ from gpuclusters.server.runtime import Runtime
 
 RUN_TIMEOUT_MARGIN_S = 300.0
 ACCEPTANCE = "acceptance"  # HealthRun.requested_by of acceptance tests
+# What every check gives where the provider has no shell on its nodes.
+NO_SHELL: dict[str, Any] = {"state": "skipped", "reason": "no shell on this provider's nodes"}
 
 
 async def run_check_on_node(
@@ -46,7 +48,7 @@ async def run_check_on_node(
     waits for users' work to leave; otherwise it runs through the shell."""
     access = rt.node_access
     if access is None:
-        return {"state": "skipped", "reason": "no shell on this provider's nodes"}
+        return NO_SHELL
     thresholds = rt.settings.health_thresholds.get(gpu_type, {})
     shell = await access.shell(node_id)
     argv = [

@@ -61,9 +61,10 @@ def _expiry(ttl_s: float) -> datetime:
     return utcnow() + timedelta(seconds=ttl_s)
 
 
-def _claimable(model: LeasedModel, now: datetime) -> tuple[ColumnElement[bool], ...]:
+def claimable(model: LeasedModel, now: datetime) -> tuple[ColumnElement[bool], ...]:
     """A row may be claimed when nobody's lease on it is live and its next
-    attempt (after a failure) is due."""
+    attempt (after a failure) is due (also the rule for moving rows in bulk
+    without a lease: ``NodeReconciler.batch_moves``)."""
     return (
         or_(model.lock_expires_at.is_(None), model.lock_expires_at < now),
         or_(model.next_attempt_at.is_(None), model.next_attempt_at <= now),
@@ -78,7 +79,7 @@ async def claim(
     now = utcnow()
     result = await session.execute(
         update(model)
-        .where(model.id == row_id, *_claimable(model, now))
+        .where(model.id == row_id, *claimable(model, now))
         .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
         .execution_options(synchronize_session=False)
     )
@@ -98,7 +99,7 @@ async def claim_many(
     now = utcnow()
     result = await session.execute(
         update(model)
-        .where(model.id.in_(ids), *_claimable(model, now))
+        .where(model.id.in_(ids), *claimable(model, now))
         .values(lock_owner=owner, lock_token=token, lock_expires_at=_expiry(ttl_s))
         .returning(model.id)
         .execution_options(synchronize_session=False)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import idblocks
@@ -178,6 +178,40 @@ class NodeReconciler(SteppedReconciler):
         # A full pass sees every candidate: forget the ranks of the others.
         self._created = {row_id: created.timestamp() for row_id, created in active}
         return [*self._created, *self._to_verify]
+
+    async def batch_moves(self, session: AsyncSession, among: set[str] | None) -> None:
+        """pending -> scheduling for every node placement gave a host (the
+        usual case: placed when its cluster was created or grew), in one
+        statement: the move only records where the node goes, so it needs
+        no step. Nodes awaiting a host, leased, backing off or being deleted
+        take the step (``_pending``) instead."""
+        now = utcnow()
+        where = [
+            Node.phase == P.PENDING.value,
+            Node.host_id.is_not(None),
+            Node.deleted_at.is_(None),
+            Node.to_delete.is_(False),
+            *leases.claimable(Node, now),
+        ]
+        if among is not None:
+            where.append(Node.id.in_(among))
+        host_name = select(Host.name).where(Host.id == Node.host_id).scalar_subquery()
+        moved = await session.execute(
+            update(Node)
+            .where(*where)
+            .values(
+                phase=P.SCHEDULING.value,
+                message=literal("placed on ") + host_name,
+                phase_changed_at=now,
+                phase_deadline_at=deadline_at(self.deadlines, P.SCHEDULING.value, now),
+                retries=0,
+                last_error=None,
+                next_attempt_at=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount:  # type: ignore[attr-defined]
+            await session.commit()
 
     async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
         active = await session.execute(
@@ -450,35 +484,36 @@ class NodeReconciler(SteppedReconciler):
                 )
                 .values(state="failed", reason="interrupted", finished_at=utcnow())
             )
-            await session.commit()
-        for check in checks:
-            duration = self.rt.settings.acceptance_burn_s if check == "gpu-burn" else 60.0
-            async with self.ctx.sessionmaker() as session:
-                run = HealthRun(
+            # Every check's run at once (one transaction), each shown
+            # running until its result is written.
+            runs = [
+                HealthRun(
                     project_id=node.project_id,
                     cluster_id=node.cluster_id,
                     node_id=node.id,
                     node_name=node.name,
                     check=check,
-                    duration_s=duration,
+                    duration_s=self.rt.settings.acceptance_burn_s if check == "gpu-burn" else 60.0,
                     state="running",
                     requested_by=ACCEPTANCE,
                     started_at=utcnow(),
                 )
-                session.add(run)
-                await session.commit()
-                run_id = run.id
+                for check in checks
+            ]
+            session.add_all(runs)
+            await session.commit()
+        for run in runs:
             # Through the node's shell, not as a Slurm job: a joining node
             # holds no users' work yet (or is still drained by its repair).
             outcome = await run_check_on_node(
-                self.rt, node.id, check, duration_s=duration, gpu_type=cluster.gpu_type
+                self.rt, node.id, run.check, duration_s=run.duration_s, gpu_type=cluster.gpu_type
             )
             async with self.ctx.sessionmaker() as session:
-                row = await session.get_one(HealthRun, run_id)
-                record_outcome(row, outcome)
+                session.add(run)  # detached since its commit; written back as is
+                record_outcome(run, outcome)
                 await session.commit()
-            if row.state == "failed":
-                return f"acceptance test {check} failed: {row.reason}"
+            if run.state == "failed":
+                return f"acceptance test {run.check} failed: {run.reason}"
         return ""
 
     async def _take_awaited_host(self, row_id: str, token: str) -> Outcome:
