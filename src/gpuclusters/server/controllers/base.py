@@ -27,8 +27,10 @@ outlives its leases nor keeps other replicas from the rows this one cannot
 reach yet. The next pass starts after the last row claimed (round robin, in
 the reconciler's ``rank`` order: nodes oldest first, so in a burst the first
 cluster's nodes are served first and it is ready first, not all clusters at
-the end), so rows that wait on something slow do not starve the rest; a
-pass that stopped short asks for another as soon as a task ends.
+the end), so rows that wait on something slow do not starve the rest. What
+a pass found no room for waits in a queue, in order; each task that ends
+hands the next rows of it to a targeted pass, so a burst of thousands costs
+a query for a few ids per step started, not a scan of every candidate.
 
 Passes are *full* (every candidate) when the poll interval has passed since
 the last full one or a hint asked for one; a hint that names rows
@@ -41,6 +43,7 @@ full pass still catches what no hint announced (another replica's work).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -91,7 +94,8 @@ class Reconciler(ABC):
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._last_rank: tuple[Any, ...] = ()  # where the next pass starts (round robin)
-        self._backlog = False  # the last pass left candidates unclaimed
+        # Candidates the last passes found no room for, in order (see run_once).
+        self._queue: collections.deque[str] = collections.deque()
         self._last_full = float("-inf")  # when the last full pass ran
         self._deferred: set[str] = set()  # hinted while in flight: look again after
 
@@ -182,7 +186,6 @@ class Reconciler(ABC):
         # Round robin: start after the row claimed last.
         start = next((i for i, row_id in enumerate(ids) if self.rank(row_id) > self._last_rank), 0)
         room = 2 * self.ctx.concurrency
-        self._backlog = False
         eligible = []
         for row_id in ids[start:] + ids[:start]:
             if row_id in self._inflight:
@@ -194,7 +197,6 @@ class Reconciler(ABC):
         while eligible:
             free = room - len(self._inflight)
             if free <= 0:
-                self._backlog = True
                 break
             batch, eligible = eligible[:free], eligible[free:]
             async with self.ctx.sessionmaker() as session:
@@ -206,6 +208,17 @@ class Reconciler(ABC):
                 if token is not None:
                     self._last_rank = self.rank(row_id)
                     self._inflight[row_id] = asyncio.create_task(self._work(row_id, token))
+        # What found no room waits in the queue, in order: each task that
+        # ends hands the next ones to a targeted pass (a query for a few ids)
+        # rather than a full pass, which with thousands of candidates cost
+        # more than the steps it started. A full pass makes the queue anew.
+        if full:
+            self._queue = collections.deque(eligible)
+        elif eligible:
+            waiting = set(eligible)
+            self._queue = collections.deque(
+                [*eligible, *(row_id for row_id in self._queue if row_id not in waiting)]
+            )
 
     async def work_on(self, row_id: str) -> bool:
         """Claim one row and run a pass on it exactly as the loop would
@@ -268,10 +281,14 @@ class Reconciler(ABC):
         self._deferred.discard(row_id)
         if self._stopping:
             return
-        if self._backlog or self.ctx.hints.count(self.name) != hints_before:
-            self.ctx.hints.notify(self.name)
-        elif look_again:
-            self.ctx.hints.notify_rows(self.name, [row_id])
+        rows = [row_id] if look_again else []
+        # The next rows waiting for room (two, in case one is gone by now).
+        for _ in range(min(2, len(self._queue))):
+            rows.append(self._queue.popleft())
+        if self.ctx.hints.count(self.name) != hints_before:
+            self.ctx.hints.notify(self.name)  # a full pass was asked meanwhile
+        if rows:
+            self.ctx.hints.notify_rows(self.name, rows)
 
     async def _guarded_reconcile(self, row_id: str, token: str) -> bool:
         """``reconcile`` under the concurrency limit, any exception but a
