@@ -141,14 +141,35 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def database(kind: str, home: Path) -> Iterator[str]:
+def database(kind: str, home: Path) -> Iterator[tuple[str, int | None]]:
+    """The database's URL and, for PostgreSQL, its postmaster's pid (whose
+    process tree's CPU the bench reports beside the servers')."""
     if kind == "sqlite":
-        yield f"sqlite+aiosqlite:///{home / 'gpuclusters.db'}"
+        yield f"sqlite+aiosqlite:///{home / 'gpuclusters.db'}", None
         return
     server = PostgresServer()
     try:
-        yield server.url
+        if os.environ.get("BENCH_PG_STATEMENTS"):
+            # Every statement with its time in PostgreSQL's own log, kept in
+            # the home (with BENCH_KEEP_HOME) as postgres.log: what the
+            # database spends its CPU on.
+            subprocess.run(
+                [
+                    str(server.bindir / "psql" if server.bindir else "psql"),
+                    server.dsn,
+                    "-qc",
+                    "ALTER SYSTEM SET log_min_duration_statement = 0",
+                    "-c",
+                    "SELECT pg_reload_conf()",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        yield server.url, server.pid
     finally:
+        with contextlib.suppress(OSError, AssertionError):
+            if os.environ.get("BENCH_PG_STATEMENTS"):
+                shutil.copy(server.logfile, home / "postgres.log")
         server.stop()
 
 
@@ -352,6 +373,47 @@ async def steady_latency(api: Api, names: list[str], rate: float, seconds: float
         print(f"  {kind:14s} {ms(samples[kind])}")
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process, its reaped children and its live children
+    (PostgreSQL: the postmaster and its backends)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    total = cpu_seconds(pid)
+    for kid in children.read_text().split() if children.exists() else []:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass
+class CpuMeter:
+    """CPU used over a phase by the servers, the database (PostgreSQL's
+    processes; SQLite runs inside the servers) and this bench (the client):
+    on a 2-core machine their sum says whether the machine was the limit."""
+
+    fleet: Fleet
+    db_pid: int | None
+    start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def _now(self) -> tuple[float, float, float]:
+        db = tree_cpu(self.db_pid) if self.db_pid else 0.0
+        return servers_cpu(self.fleet), db, time.process_time()
+
+    def reset(self) -> None:
+        self.start = self._now()
+
+    def used(self) -> tuple[float, float, float]:
+        now = self._now()
+        return now[0] - self.start[0], now[1] - self.start[1], now[2] - self.start[2]
+
+    def note(self, wall: float) -> str:
+        server, db, client = self.used()
+        shares = f"server {100 * server / wall:.0f} %"
+        if self.db_pid:
+            shares += f", database {100 * db / wall:.0f} %"
+        return f"{shares}, bench client {100 * client / wall:.0f} % of a core"
+
+
 def servers_cpu(fleet: Fleet) -> float:
     """CPU seconds used so far by the live servers (the killed one's stop
     counting when it dies)."""
@@ -420,7 +482,7 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
         f"({n_nodes} nodes) replicas={args.replicas}{' kill' if args.kill else ''}",
         flush=True,
     )
-    with database(kind, home) as url:
+    with database(kind, home) as (url, db_pid):
         fleet = Fleet(home=home, database_url=url)
         engine = create_async_engine(url)
         api: Api | None = None
@@ -435,6 +497,8 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
             names = [f"b{i:04d}" for i in range(args.clusters)]
             victim = fleet.replicas[-1] if args.kill else None
 
+            meter = CpuMeter(fleet, db_pid)
+            meter.reset()
             t0 = time.perf_counter()
             cpu0 = servers_cpu(fleet)
             latencies, killed_at = await create_all(api, names, args, victim)
@@ -450,6 +514,7 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
                 f"{100 * cpu / t_ready:.0f} % of a core)"
             )
             print(f"all ready after {t_ready:.1f} s ({n_nodes / t_ready:.1f} nodes/s){cpu_note}")
+            print(f"CPU while creating: {meter.note(t_ready)}")
             first, each = await time_to_ready(engine, names[0])
             print(
                 f"first cluster ready {first:.1f} s after its create; each cluster from its "
@@ -461,10 +526,14 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
             if not args.skip_steady:
                 await asyncio.sleep(5)  # let the last passes settle
                 await idle_cpu(fleet, args.idle_s)
+                meter.reset()
+                t_steady = time.perf_counter()
                 await steady_latency(api, names, args.rate, args.latency_s)
+                print(f"  CPU meanwhile: {meter.note(time.perf_counter() - t_steady)}")
                 if args.nodes >= 2:
                     await one_node_change(api, engine, names[0], args.nodes)
 
+            meter.reset()
             t1 = time.perf_counter()
             cpu0 = servers_cpu(fleet)
             await delete_all(api, names, args.concurrency)
@@ -476,6 +545,7 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
                 f"server CPU {cpu:.1f} s ({1000 * cpu / n_nodes:.1f} ms per node)",
                 flush=True,
             )
+            print(f"CPU while deleting: {meter.note(t_gone)}", flush=True)
         finally:
             if api is not None:
                 await api.close()

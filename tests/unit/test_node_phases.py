@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -20,10 +21,11 @@ from gpuclusters.providers.base import (
     PermanentProviderError,
     ProviderError,
 )
+from gpuclusters.server.controllers import leases
 from gpuclusters.server.controllers.outcomes import StepFailed
 from gpuclusters.server.controllers.testing import ControllerHarness
 from gpuclusters.server.db.allocation import allocate_nodes
-from gpuclusters.server.db.models import Cluster, Host, Node, NodeEvent, utcnow
+from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, NodeEvent, utcnow
 
 
 @pytest.fixture
@@ -215,6 +217,66 @@ async def test_bootstrapping_joins_and_runs(h: ControllerHarness) -> None:
     row = await h.node(node.id)
     assert row.ready_at is not None and row.phase_deadline_at is None  # settled
     assert "NodeAdded" in await events(h, node.id)
+
+
+async def test_the_move_to_running_gives_the_lease_back_in_its_write(
+    h: ControllerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass's last write (to running) releases the lease in the fence's own
+    # statement: the row is free the moment it commits, with a clean retry
+    # record, and the engine has nothing left to release. A move that does
+    # not end the pass keeps the lease, and the engine gives it back.
+    cluster = await ready_cluster(h)
+    joining = await h.rows.node(cluster, phase="bootstrapping", retries=2, last_error="earlier")
+    async with h.rt.sessionmaker() as session:
+        token = await leases.claim(session, Node, joining.id, owner="o", ttl_s=30)
+    assert token is not None
+    outcome = await h.nodes.step(joining.id, token)
+    assert outcome.moved == ("bootstrapping", "running") and outcome.released
+    row = await h.node(joining.id)
+    assert (row.lock_owner, row.lock_token, row.lock_expires_at) == (None, None, None)
+    assert (row.retries, row.last_error, row.next_attempt_at) == (0, None, None)
+
+    booting = await h.rows.node(cluster, phase="scheduling")
+    async with h.rt.sessionmaker() as session:
+        token = await leases.claim(session, Node, booting.id, owner="o", ttl_s=30)
+    outcome = await h.nodes.step(booting.id, token or "")
+    assert outcome.moved == ("scheduling", "booting") and not outcome.released
+    assert (await h.node(booting.id)).lock_token == token
+
+    released: list[str] = []
+    real_release = leases.release
+
+    async def counting_release(session: Any, model: Any, row_id: str, **kw: Any) -> None:
+        released.append(row_id)
+        await real_release(session, model, row_id, **kw)
+
+    monkeypatch.setattr(leases, "release", counting_release)
+    again = await h.rows.node(cluster, phase="bootstrapping")
+    assert await h.nodes.work_on(again.id)
+    assert (await h.node(again.id)).phase == "running" and released == []
+    waiting = await h.rows.node(cluster, phase="booting")
+    h.provider.script("status", Instance(waiting.id, "h", InstanceState.BOOTING))
+    assert await h.nodes.work_on(waiting.id)
+    assert released == [waiting.id]  # still booting: the engine let go
+    assert (await h.node(waiting.id)).lock_token is None
+
+
+async def test_acceptance_results_are_written_with_the_move_to_running(tmp_path: Path) -> None:
+    # Quick checks (here skipped: no shell on these nodes) are recorded in
+    # the transaction that makes the node running, not one each.
+    async with ControllerHarness.open(tmp_path, acceptance_checks=["gpu-burn", "nccl"]) as h:
+        node = await h.rows.node(await ready_cluster(h), phase="bootstrapping")
+        assert (await h.step(h.nodes, node.id)).moved == ("bootstrapping", "running")
+        async with h.rt.sessionmaker() as session:
+            runs = list(
+                await session.scalars(select(HealthRun).where(HealthRun.node_id == node.id))
+            )
+        assert sorted((r.check, r.state) for r in runs) == [
+            ("gpu-burn", "skipped"),
+            ("nccl", "skipped"),
+        ]
+        assert all(r.finished_at is not None for r in runs)
 
 
 async def test_bootstrapping_permanent_layer_error_fails(h: ControllerHarness) -> None:

@@ -41,6 +41,7 @@ from gpuclusters.server.controllers.volumes import VolumeReconciler
 from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.hosts import DbHostDirectory
 from gpuclusters.server.db.migrate import upgrade_to_head
+from gpuclusters.server.db.statistics import keep_statistics
 from gpuclusters.server.registry_daemon import RegistryDaemon, RegistryError, RegistryRuntime
 from gpuclusters.server.routers import (
     agents,
@@ -268,6 +269,9 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         for r in reconcilers:
             r.start()
         housekeeping = asyncio.create_task(run_housekeeping(rt), name="housekeeping")
+        statistics = asyncio.create_task(
+            keep_statistics(rt.engine, rt.settings.statistics_interval_s), name="statistics"
+        )
         # SSH access on nodes follows the database (providers with nodes only).
         access_sync = (
             asyncio.create_task(AccessSync(rt).run(), name="access-sync")
@@ -292,7 +296,9 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
         try:
             yield
         finally:
-            background = [t for t in (housekeeping, access_sync, image_pushes) if t is not None]
+            background = [
+                t for t in (housekeeping, statistics, access_sync, image_pushes) if t is not None
+            ]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

@@ -191,6 +191,12 @@ class Settings(BaseSettings):
     controller_concurrency: int = Field(default=8, ge=1)
     event_retention_h: float = Field(default=72.0, gt=0)
     housekeeping_interval_s: float = Field(default=60.0, gt=0)
+    statistics_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="PostgreSQL: how often to look for tables whose planner statistics are "
+        "stale, and ANALYZE them (server/db/statistics.py)",
+    )
     node_phase_deadlines_s: dict[str, float] = Field(
         default_factory=dict,
         description="seconds a node may stay in a phase, by phase, over the defaults of "

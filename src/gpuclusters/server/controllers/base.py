@@ -17,7 +17,9 @@ temporarily has its error, its count (``retries``) and the time of the next
 attempt (``next_attempt_at``, exponential backoff with a cap) recorded as it
 releases the lease; ``claim`` takes no row before that time, whichever
 replica asks, and a restart goes on with the same backoff. A step that
-succeeds clears them in its release. A permanent error goes to the
+succeeds clears them in its release. A pass whose last write gives the
+lease back itself (``leases.fenced(release=True)``, returning ``Released``)
+saves that transaction: the engine then has nothing to release. A permanent error goes to the
 reconciler's ``fail`` (a node or cluster fails with the reason).
 
 A pass claims only as many rows as it can start now (twice the concurrency,
@@ -59,7 +61,7 @@ from gpuclusters.layers.base import LayerError
 from gpuclusters.providers.base import ProviderError
 from gpuclusters.server.controllers import leases, outcomes
 from gpuclusters.server.controllers.hints import Hints
-from gpuclusters.server.controllers.outcomes import Outcome, StepFailed
+from gpuclusters.server.controllers.outcomes import Outcome, Released, StepFailed
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +128,10 @@ class Reconciler(ABC):
         return [row_id for row_id in await self.candidates(session) if row_id in ids]
 
     @abstractmethod
-    async def reconcile(self, row_id: str, token: str) -> bool:
-        """Advance one row; return True if it changed (look again soon).
-        Raise ``StepFailed`` (or anything) for a temporary failure."""
+    async def reconcile(self, row_id: str, token: str) -> bool | Released:
+        """Advance one row; return True if it changed (look again soon), or
+        ``Released`` if its last write gave the lease back. Raise
+        ``StepFailed`` (or anything) for a temporary failure."""
 
     async def fail(self, row_id: str, token: str, reason: str) -> None:
         """A permanent error: move the row to its failed state. Reconcilers
@@ -243,10 +246,12 @@ class Reconciler(ABC):
         step = asyncio.create_task(self._guarded_reconcile(row_id, token))
         lost = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(row_id, token, step, lost))
-        succeeded = False
+        succeeded = released = False
         failure: StepFailed | None = None
         try:
-            changed = await step
+            result = await step
+            released = isinstance(result, Released)
+            changed = result.changed if isinstance(result, Released) else result
             succeeded = True
             STEPS.labels(self.name, "ok").inc()
         except asyncio.CancelledError:
@@ -272,7 +277,7 @@ class Reconciler(ABC):
         finally:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
-            if not lost.is_set():
+            if not lost.is_set() and not released:
                 await self._give_back(row_id, token, succeeded=succeeded, failure=failure)
             self._inflight.pop(row_id, None)
         if succeeded:
@@ -290,7 +295,7 @@ class Reconciler(ABC):
         if rows:
             self.ctx.hints.notify_rows(self.name, rows)
 
-    async def _guarded_reconcile(self, row_id: str, token: str) -> bool:
+    async def _guarded_reconcile(self, row_id: str, token: str) -> bool | Released:
         """``reconcile`` under the concurrency limit, any exception but a
         lost lease turned into ``StepFailed`` (permanent ones through
         ``fail``)."""
@@ -312,7 +317,7 @@ class Reconciler(ABC):
                 return True
 
     async def _heartbeat(
-        self, row_id: str, token: str, step: asyncio.Task[bool], lost: asyncio.Event
+        self, row_id: str, token: str, step: asyncio.Task[bool | Released], lost: asyncio.Event
     ) -> None:
         """Renew the lease every TTL/3 while ``step`` runs; cancel the step
         if the lease is gone, or if it could not be renewed before expiry."""
@@ -395,7 +400,7 @@ class SteppedReconciler(Reconciler):
     async def settled(self, row_id: str, taken: list[Outcome]) -> None:
         """Called after a pass's steps (also when one failed)."""
 
-    async def reconcile(self, row_id: str, token: str) -> bool:
+    async def reconcile(self, row_id: str, token: str) -> bool | Released:
         taken: list[Outcome] = []
         try:
             for _ in range(self.max_steps_per_pass):
@@ -410,4 +415,5 @@ class SteppedReconciler(Reconciler):
                     break
         finally:
             await self.settled(row_id, taken)
-        return any(o.changed for o in taken)
+        changed = any(o.changed for o in taken)
+        return Released(changed) if taken and taken[-1].released else changed

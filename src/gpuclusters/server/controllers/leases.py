@@ -8,7 +8,9 @@
   nobody can steal the row between the check and our write.
 * ``fenced`` is ``fence`` that also loads the row, in the same statement
   (UPDATE ... RETURNING): the write-back that goes on to change the row
-  needs no second query for it.
+  needs no second query for it. It may write the change itself in that
+  statement (``values``) and, for a pass's last write, give the lease back
+  too (``release``): one statement where there were three.
 * ``renew`` is the heartbeat: it pushes our lease's expiry out while a step
   runs (controllers/base.py), fenced by the token like every write.
 * ``release`` clears the lease if it is still ours, and records the outcome
@@ -26,7 +28,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -131,15 +133,35 @@ async def fence(
         raise LeaseLost(f"{model.__tablename__} {row_id}: lease lost")
 
 
+# What giving a lease back after a step that succeeded writes (``release``).
+_RELEASED: dict[str, object] = {"lock_owner": None, "lock_token": None, "lock_expires_at": None}
+_SUCCEEDED: dict[str, object] = {"retries": 0, "last_error": None, "next_attempt_at": None}
+
+
 async def fenced(
-    session: AsyncSession, model: type[Row], row_id: str, *, token: str, ttl_s: float
+    session: AsyncSession,
+    model: type[Row],
+    row_id: str,
+    *,
+    token: str,
+    ttl_s: float,
+    values: Mapping[str, object] | None = None,
+    release: bool = False,
 ) -> Row:
     """``fence``, returning the row (loaded into the session by the same
-    statement); raises ``LeaseLost`` if the lease is not ours."""
+    statement, with ``values`` written by it too); raises ``LeaseLost`` if
+    the lease is not ours. With ``release``, the same statement also gives
+    the lease back as ``release(succeeded=True)`` would: for the last write
+    of a pass, which then needs no transaction of its own to let go (the
+    row stays locked against other writers until this transaction commits,
+    so the write is still fenced)."""
+    lease: dict[str, object] = (
+        {**_RELEASED, **_SUCCEEDED} if release else {"lock_expires_at": _expiry(ttl_s)}
+    )
     row = await session.scalar(
         update(model)
         .where(model.id == row_id, model.lock_token == token)
-        .values(lock_expires_at=_expiry(ttl_s))
+        .values({**(values or {}), **lease})
         .returning(model)
         .execution_options(populate_existing=True)
     )
@@ -162,9 +184,7 @@ async def release(
 ) -> None:
     """Give the lease up; after a step that succeeded, also clear the record
     of earlier failures (the same statement, so it costs nothing)."""
-    values: dict[str, object] = {"lock_owner": None, "lock_token": None, "lock_expires_at": None}
-    if succeeded:
-        values.update(retries=0, last_error=None, next_attempt_at=None)
+    values = {**_RELEASED, **(_SUCCEEDED if succeeded else {})}
     await session.execute(
         update(model)
         .where(model.id == row_id, model.lock_token == token)

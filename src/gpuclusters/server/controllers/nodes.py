@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuclusters.core import idblocks
 from gpuclusters.core.deadlines import NODE_FINISH_AT_DEADLINE, deadline_at
 from gpuclusters.core.enums import EventReason, HostAgentStatus, HostState, NodePhase
+from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.providers.base import InstanceState
 from gpuclusters.server.controllers import hints, leases
@@ -69,7 +71,13 @@ from gpuclusters.server.controllers.refs import (
 )
 from gpuclusters.server.db.allocation import PREEMPTED
 from gpuclusters.server.db.models import Cluster, HealthRun, Host, Node, Project, utcnow
-from gpuclusters.server.db.records import close_usage, open_usage, record_event, set_node_phase
+from gpuclusters.server.db.records import (
+    close_usage,
+    node_phase_values,
+    open_usage,
+    record_event,
+    set_node_phase,
+)
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.keys import hash_key, new_key
 
@@ -99,6 +107,7 @@ class NodeStep:
     node: Node
     cluster: Cluster
     host: Host | None
+    ids: IdBlock  # the project's block of Unix ids
     layer: ClusterLayer
     cref: ClusterRef
     nref: NodeRef
@@ -200,13 +209,12 @@ class NodeReconciler(SteppedReconciler):
             update(Node)
             .where(*where)
             .values(
-                phase=P.SCHEDULING.value,
-                message=literal("placed on ") + host_name,
-                phase_changed_at=now,
-                phase_deadline_at=deadline_at(self.deadlines, P.SCHEDULING.value, now),
-                retries=0,
-                last_error=None,
-                next_attempt_at=None,
+                node_phase_values(
+                    P.SCHEDULING.value,
+                    literal("placed on ") + host_name,
+                    deadlines=self.deadlines,
+                    now=now,
+                )
             )
             .execution_options(synchronize_session=False)
         )
@@ -246,10 +254,11 @@ class NodeReconciler(SteppedReconciler):
         """The node, its cluster and host, and the refs layers take; None
         for a deleted node."""
         async with self.ctx.sessionmaker() as session:
-            node, cluster, host = (
+            node, cluster, host, id_block = (
                 await session.execute(
-                    select(Node, Cluster, Host)
+                    select(Node, Cluster, Host, Project.id_block)
                     .join(Cluster, Cluster.id == Node.cluster_id)
+                    .join(Project, Project.id == Cluster.project_id)
                     .outerjoin(Host, Host.id == Node.host_id)
                     .where(Node.id == row_id)
                 )
@@ -274,6 +283,7 @@ class NodeReconciler(SteppedReconciler):
             node=node,
             cluster=cluster,
             host=host,
+            ids=idblocks.block(id_block, self.rt.settings.id_blocks_start),
             layer=self.rt.layer_for(cluster.cluster_type),
             cref=cref,
             nref=node_ref(node, host),
@@ -327,35 +337,34 @@ class NodeReconciler(SteppedReconciler):
         if s.node.host_id is None and s.node.awaited_host_id is not None:
             return await self._take_awaited_host(s.row_id, s.token)
         return await self._write(
-            s.row_id, s.token, phase=P.SCHEDULING, message=f"placed on {s.nref.host}"
+            s.row_id, s.token, seen=s, phase=P.SCHEDULING, message=f"placed on {s.nref.host}"
         )
 
     async def _scheduling(self, s: NodeStep) -> Outcome:
         if s.host is None:
             return fail("no host assigned")
-        async with self.ctx.sessionmaker() as session:
-            id_block = await session.scalar(
-                select(Project.id_block).where(Project.id == s.cluster.project_id)
-            )
-        ids = idblocks.block(id_block or 0, self.rt.settings.id_blocks_start)
-        inst = await self.rt.provider.create(node_spec(s.node, s.cluster, s.host, ids))
+        inst = await self.rt.provider.create(node_spec(s.node, s.cluster, s.host, s.ids))
         if inst.state is InstanceState.FAILED:
             return fail(inst.message)
         if inst.state is InstanceState.RUNNING:
             # Made and up already (the embedded fleet, an instant fake
             # node): no boot to wait for, so one write and one step fewer.
-            return await self._write(s.row_id, s.token, phase=P.BOOTSTRAPPING)
-        return await self._write(s.row_id, s.token, phase=P.BOOTING)
+            return await self._write(s.row_id, s.token, seen=s, phase=P.BOOTSTRAPPING)
+        return await self._write(s.row_id, s.token, seen=s, phase=P.BOOTING)
 
     async def _booting(self, s: NodeStep) -> Outcome:
         inst = await self.rt.provider.status(s.node.id)
         if inst.state is InstanceState.RUNNING:
-            return await self._write(s.row_id, s.token, phase=P.BOOTSTRAPPING)
+            return await self._write(s.row_id, s.token, seen=s, phase=P.BOOTSTRAPPING)
         if inst.state is InstanceState.FAILED:
             return fail(inst.message)
         if inst.state is InstanceState.MISSING:
             return await self._write(
-                s.row_id, s.token, phase=P.SCHEDULING, message="instance vanished while booting"
+                s.row_id,
+                s.token,
+                seen=s,
+                phase=P.SCHEDULING,
+                message="instance vanished while booting",
             )
         return WAIT
 
@@ -364,10 +373,10 @@ class NodeReconciler(SteppedReconciler):
             return await self._enroll_agent(s.row_id, s.token)
         if not await s.layer.join_node(s.cref, s.nref):
             return WAIT
-        failed = await self._acceptance(s.node, s.cluster)
+        failed, runs = await self._acceptance(s.node, s.cluster)
         if failed:
             return fail(failed)
-        return await self._write(s.row_id, s.token, phase=P.RUNNING)
+        return await self._write(s.row_id, s.token, seen=s, phase=P.RUNNING, runs=runs)
 
     async def _verify(self, s: NodeStep) -> Outcome:
         """A running node this process has not checked since it started."""
@@ -376,7 +385,7 @@ class NodeReconciler(SteppedReconciler):
         inst = await self.rt.provider.status(s.row_id)
         if inst.state is InstanceState.MISSING:
             return await self._write(
-                s.row_id, s.token, phase=P.SCHEDULING, message="instance lost; rebuilding"
+                s.row_id, s.token, seen=s, phase=P.SCHEDULING, message="instance lost; rebuilding"
             )
         if inst.state is InstanceState.RUNNING and not await s.layer.join_node(s.cref, s.nref):
             return WAIT
@@ -414,7 +423,7 @@ class NodeReconciler(SteppedReconciler):
             s, "cordon", lambda: s.layer.cordon(s.cref, s.nref, reason=DRAIN_REASON)
         )
         return await self._write(
-            s.row_id, s.token, phase=P.DRAINING, cordoned=True, skipped=[skipped]
+            s.row_id, s.token, seen=s, phase=P.DRAINING, cordoned=True, skipped=[skipped]
         )
 
     async def _drain(self, s: NodeStep) -> Outcome:
@@ -430,11 +439,11 @@ class NodeReconciler(SteppedReconciler):
         done = skipped is not None or (result and result[0])
         if not done and utcnow() < deadline and not s.forced:
             return WAIT
-        return await self._write(s.row_id, s.token, phase=P.RELEASING, skipped=[skipped])
+        return await self._write(s.row_id, s.token, seen=s, phase=P.RELEASING, skipped=[skipped])
 
     async def _to_releasing(self, s: NodeStep) -> Outcome:
         """A node marked for deletion before it ran: nothing to drain."""
-        return await self._write(s.row_id, s.token, phase=P.RELEASING)
+        return await self._write(s.row_id, s.token, seen=s, phase=P.RELEASING)
 
     async def _release(self, s: NodeStep) -> Outcome:
         """Forget the node in the cluster's layer, then delete its instance.
@@ -459,20 +468,24 @@ class NodeReconciler(SteppedReconciler):
         return await self._write(
             s.row_id,
             s.token,
+            seen=s,
             phase=P.DELETED,
             deleted=True,
             skipped=[layer_skipped, provider_skipped],
             cordon_host=provider_skipped is not None and not host_removed,
         )
 
-    async def _acceptance(self, node: Node, cluster: Cluster) -> str:
+    async def _acceptance(self, node: Node, cluster: Cluster) -> tuple[str, list[HealthRun]]:
         """Acceptance tests before a (re)joined node counts as running: each
         configured check runs on the node and is recorded; a failed one keeps
         the node out (its message says which). Skipped checks (no GPU here)
-        pass."""
+        pass. Returns the failure ("" if none) and the runs whose results are
+        still to be written: a check that took under a second is written
+        with the next write (the node's move to running), one that took
+        longer at once, so a long check's result shows as soon as it is in."""
         checks = self.rt.settings.acceptance_checks
         if not checks:
-            return ""
+            return "", []
         async with self.ctx.sessionmaker() as session:
             # Runs a crash interrupted are run again below; close them.
             await session.execute(
@@ -502,19 +515,25 @@ class NodeReconciler(SteppedReconciler):
             ]
             session.add_all(runs)
             await session.commit()
+        unwritten: list[HealthRun] = []
         for run in runs:
+            started = time.monotonic()
             # Through the node's shell, not as a Slurm job: a joining node
             # holds no users' work yet (or is still drained by its repair).
             outcome = await run_check_on_node(
                 self.rt, node.id, run.check, duration_s=run.duration_s, gpu_type=cluster.gpu_type
             )
-            async with self.ctx.sessionmaker() as session:
-                session.add(run)  # detached since its commit; written back as is
-                record_outcome(run, outcome)
-                await session.commit()
+            record_outcome(run, outcome)
+            unwritten.append(run)
+            if run.state == "failed" or time.monotonic() - started >= 1.0:
+                async with self.ctx.sessionmaker() as session:
+                    # Detached since their insert; written back as they are.
+                    session.add_all(unwritten)
+                    await session.commit()
+                unwritten = []
             if run.state == "failed":
-                return f"acceptance test {run.check} failed: {run.reason}"
-        return ""
+                return f"acceptance test {run.check} failed: {run.reason}", []
+        return "", unwritten
 
     async def _take_awaited_host(self, row_id: str, token: str) -> Outcome:
         """Take the awaited host once no live node holds it any more."""
@@ -592,6 +611,7 @@ class NodeReconciler(SteppedReconciler):
             return await self._write(
                 row_id,
                 token,
+                seen=s,
                 phase=P.RELEASING,
                 message=why,
                 event=(EventReason.PREEMPTED, f"released {took:.1f}s after notice: {how}"),
@@ -601,6 +621,7 @@ class NodeReconciler(SteppedReconciler):
         return await self._write(
             row_id,
             token,
+            seen=s,
             phase=P.RELEASING,
             message=why,
             event=(EventReason.PREEMPTED, f"released before it ran: {why}"),
@@ -653,35 +674,60 @@ class NodeReconciler(SteppedReconciler):
         token: str,
         *,
         phase: NodePhase,
+        seen: NodeStep | None = None,
         message: str = "",
         cordoned: bool | None = None,
         deleted: bool = False,
         event: tuple[EventReason, str] | None = None,
         skipped: Sequence[str | None] = (),
         cordon_host: bool = False,
+        runs: Sequence[HealthRun] = (),
     ) -> Outcome:
         """Move the node to ``phase`` (fenced), with what goes with it:
-        metering, events, the steps a release skipped."""
+        metering, events, the steps a release skipped, acceptance results
+        still to record (``runs``), all in one transaction.
+
+        ``seen``: the step's view of the node, loaded under this lease (so
+        its phase is still the row's: only the lease holder moves a leased
+        node). The move is then written by the fence itself, and a move to
+        running or deleted, which ends the pass, gives the lease back in the
+        same statement (``leases.fenced``): one statement where the fence,
+        the move and the release were three."""
+        now = utcnow()
+        ttl = self.ctx.lease_ttl_s
         async with self.ctx.sessionmaker() as session:
-            node = await leases.fenced(
-                session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
-            )
-            before = node.phase
-            if node.phase == phase.value and not deleted:
+            if seen is None:
+                row = await leases.fenced(session, Node, row_id, token=token, ttl_s=ttl)
+                before, was_live = row.phase, row.ready_at is not None
+            else:
+                before, was_live = seen.node.phase, seen.node.ready_at is not None
+            if before == phase.value and not deleted:
                 return WAIT
-            set_node_phase(node, phase.value, message, deadlines=self.deadlines)
+            values = node_phase_values(phase.value, message, deadlines=self.deadlines, now=now)
             if cordoned is not None:
-                node.cordoned = cordoned
+                values["cordoned"] = cordoned
             if phase is P.SCHEDULING:
                 # A rebuilt node gets a new agent token and address.
-                node.agent_token_hash = None
+                values["agent_token_hash"] = None
             if phase is P.RUNNING:
-                node.ready_at = utcnow()
+                values["ready_at"] = now
+            if deleted:
+                values["deleted_at"] = now
+            release = seen is not None and phase in (P.RUNNING, P.DELETED)
+            node = await leases.fenced(
+                session, Node, row_id, token=token, ttl_s=ttl, values=values, release=release
+            )
+            if phase is P.RUNNING:
                 self._to_verify.discard(row_id)  # just joined: nothing to check
                 await record_event(
                     session, node, EventReason.NODE_ADDED, f"node {node.name} is running"
                 )
-                await open_usage(session, node, await session.get_one(Cluster, node.cluster_id))
+                cluster = (
+                    seen.cluster
+                    if seen is not None
+                    else await session.get_one(Cluster, node.cluster_id)
+                )
+                await open_usage(session, node, cluster, never_live=not was_live)
             elif phase is P.FAILED:
                 await record_event(session, node, EventReason.NODE_FAILED, message)
             if phase in (P.RELEASING, P.DELETED, P.FAILED, P.SCHEDULING):
@@ -702,17 +748,16 @@ class NodeReconciler(SteppedReconciler):
                     EventReason.HOST_CORDONED,
                     f"host {host.name} cordoned: the instance of {node.name} may still be there",
                 )
-            if deleted:
-                node.deleted_at = utcnow()
-                if node.delete_reason == "scale_down":
-                    await record_event(
-                        session,
-                        node,
-                        EventReason.SCALED_DOWN,
-                        f"node {node.name} removed by scale-down",
-                    )
+            if deleted and node.delete_reason == "scale_down":
+                await record_event(
+                    session,
+                    node,
+                    EventReason.SCALED_DOWN,
+                    f"node {node.name} removed by scale-down",
+                )
+            session.add_all(runs)  # detached since their insert; written back as they are
             await session.commit()
         # Running, failed and deleted nodes have nothing more to do now:
         # the pass ends here instead of loading the node once more.
         settled = phase in (P.RUNNING, P.FAILED, P.DELETED)
-        return moved(before, phase.value, parent=node.cluster_id, settled=settled)
+        return moved(before, phase.value, parent=node.cluster_id, settled=settled, released=release)

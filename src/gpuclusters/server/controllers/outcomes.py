@@ -35,6 +35,7 @@ class Outcome:
     moved: tuple[str, str] | None = None  # (from, to) phases of a write
     parent: str | None = None  # the row's owner a move may concern (a node's cluster)
     settled: bool = False  # moved to where nothing more is to do now: end the pass
+    released: bool = False  # the write gave the lease back too (``leases.fenced``)
 
     @property
     def changed(self) -> bool:
@@ -45,8 +46,23 @@ MOVED = Outcome("moved")
 WAIT = Outcome("wait")
 
 
-def moved(before: str, after: str, *, parent: str | None = None, settled: bool = False) -> Outcome:
-    return Outcome("moved", moved=(before, after), parent=parent, settled=settled)
+def moved(
+    before: str,
+    after: str,
+    *,
+    parent: str | None = None,
+    settled: bool = False,
+    released: bool = False,
+) -> Outcome:
+    """A write moved the row; ``released``: it gave the lease back as well,
+    which ends the pass (the engine has no lease left to give back)."""
+    return Outcome(
+        "moved",
+        moved=(before, after),
+        parent=parent,
+        settled=settled or released,
+        released=released,
+    )
 
 
 def retry(error: str, *, delay_s: float | None = None) -> Outcome:
@@ -68,6 +84,18 @@ def from_exception(exc: BaseException) -> Outcome:
     if isinstance(exc, PermanentLayerError | PermanentProviderError):
         return fail(text)
     return retry(f"{type(exc).__name__}: {text}" if not str(exc) else text)
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What a pass returns when its last write gave the lease back (instead
+    of a bool): the engine then releases nothing. True if the pass changed
+    the row, like the bool it stands for."""
+
+    changed: bool
+
+    def __bool__(self) -> bool:
+        return self.changed
 
 
 class StepFailed(Exception):

@@ -35,6 +35,7 @@ from gpuclusters.layers.base import ClusterRef, NodeRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.alerts import start_decision
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
+from gpuclusters.server.controllers.outcomes import Released
 from gpuclusters.server.controllers.refs import load_cluster_ref, node_ref
 from gpuclusters.server.db.allocation import choose_free_hosts
 from gpuclusters.server.db.models import (
@@ -76,7 +77,7 @@ class RepairReconciler(SteppedReconciler):
         )
         return list(rows)
 
-    async def reconcile(self, row_id: str, token: str) -> bool:
+    async def reconcile(self, row_id: str, token: str) -> bool | Released:
         changed = await super().reconcile(row_id, token)
         if changed:
             self.ctx.hints.notify(hints.NODES, hints.CLUSTERS)

@@ -243,12 +243,16 @@ async def allocate_nodes(
         )
         for host_id, _ in chosen
     ]
-    victim_hosts = {
-        name: host_id
-        for host_id, name in await session.execute(
-            select(Host.id, Host.name).where(Host.name.in_([v.host for v in victims]))
-        )
-    }
+    victim_hosts = (
+        {
+            name: host_id
+            for host_id, name in await session.execute(
+                select(Host.id, Host.name).where(Host.name.in_([v.host for v in victims]))
+            )
+        }
+        if victims
+        else {}
+    )
     for victim in victims:
         host_id = victim_hosts[victim.host]
         nodes.append(

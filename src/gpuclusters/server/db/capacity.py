@@ -4,6 +4,7 @@ paid for. Reads only; callers own the transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -47,9 +48,12 @@ async def windows(
 
 
 async def standard_nodes_by_project(
-    session: AsyncSession, *, gpu_type: str, region: str
+    session: AsyncSession, *, gpu_type: str, region: str, projects: Collection[str] | None = None
 ) -> dict[str, int]:
-    rows = await session.execute(
+    """Live standard nodes of this GPU type and region per project (only
+    ``projects``, if given: counting a whole fleet's nodes for each
+    placement is what made placement slow at 10,000 nodes)."""
+    query = (
         select(Node.project_id, func.count(Node.id))
         .join(Cluster, Cluster.id == Node.cluster_id)
         .where(
@@ -61,19 +65,27 @@ async def standard_nodes_by_project(
         )
         .group_by(Node.project_id)
     )
+    if projects is not None:
+        query = query.where(Node.project_id.in_(list(projects)))
+    rows = await session.execute(query)
     return {p: int(n) for p, n in rows.all()}
 
 
 async def held_back_for(session: AsyncSession, *, cluster: Cluster, at: datetime) -> int:
     """Hosts other projects' active windows hold that this cluster's
-    standard nodes may not take."""
+    standard nodes may not take. Nodes are counted only for the projects
+    holding such windows (usually none: then nothing is counted)."""
+    active = await windows(session, gpu_type=cluster.gpu_type, region=cluster.region, at=at)
+    others = {w.project for w in active if w.project != cluster.project_id}
+    if not others:
+        return 0
     return held_back(
-        await windows(session, gpu_type=cluster.gpu_type, region=cluster.region, at=at),
+        active,
         requester=cluster.project_id,
         gpu_type=cluster.gpu_type,
         region=cluster.region,
         standard_nodes=await standard_nodes_by_project(
-            session, gpu_type=cluster.gpu_type, region=cluster.region
+            session, gpu_type=cluster.gpu_type, region=cluster.region, projects=others
         ),
         at=at,
     )

@@ -5,6 +5,8 @@ They only add to the caller's session; the caller owns the transaction."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -16,12 +18,14 @@ from gpuclusters.core.deadlines import (
 )
 from gpuclusters.core.enums import GPUS_PER_NODE
 from gpuclusters.server.db.capacity import billing_for
+from gpuclusters.server.db.dialects import upsert_insert
 from gpuclusters.server.db.models import (
     Cluster,
     ClusterPhase,
     Node,
     NodeEvent,
     UsageRecord,
+    new_id,
     utcnow,
 )
 
@@ -68,43 +72,68 @@ async def record_event(session: AsyncSession, node: Node, reason: str, message: 
     """Add a lifecycle event, or refresh the one this node already has for
     this reason (events are deduplicated by node and reason)."""
     now = utcnow()
-    existing = await session.scalar(
-        select(NodeEvent).where(NodeEvent.node_id == node.id, NodeEvent.reason == reason)
+    # One statement either way (the row is unique by node and reason).
+    insert = upsert_insert(session, NodeEvent).values(
+        id=new_id(),
+        project_id=node.project_id,
+        cluster_id=node.cluster_id,
+        node_id=node.id,
+        node_name=node.name,
+        reason=reason,
+        message=message,
+        count=1,
+        first_timestamp=now,
+        timestamp=now,
     )
-    if existing is not None:
-        existing.count += 1
-        existing.message = message
-        existing.timestamp = now
-        return
-    session.add(
-        NodeEvent(
-            project_id=node.project_id,
-            cluster_id=node.cluster_id,
-            node_id=node.id,
-            node_name=node.name,
-            reason=reason,
-            message=message,
-            first_timestamp=now,
-            timestamp=now,
+    await session.execute(
+        insert.on_conflict_do_update(
+            index_elements=[NodeEvent.node_id, NodeEvent.reason],
+            set_={
+                "count": NodeEvent.count + 1,
+                "message": insert.excluded.message,
+                "timestamp": insert.excluded.timestamp,
+            },
         )
     )
+
+
+def node_phase_values(
+    phase: str,
+    message: Any = "",
+    *,
+    deadlines: Mapping[str, float] | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The columns a move of a node to a new ``phase`` writes: the phase,
+    its message, when it was entered, its deadline (``deadlines``: settings'
+    node_phase_deadlines_s, else the defaults) and a clean retry record.
+    For UPDATE statements that move nodes without loading them (``message``
+    may be a SQL expression there), and for ``set_node_phase``."""
+    now = now or utcnow()
+    return {
+        "phase": phase,
+        "message": message,
+        "phase_changed_at": now,
+        "phase_deadline_at": deadline_at(
+            NODE_PHASE_DEADLINES_S if deadlines is None else deadlines, phase, now
+        ),
+        "retries": 0,
+        "last_error": None,
+        "next_attempt_at": None,
+    }
 
 
 def set_node_phase(
     node: Node, phase: str, message: str = "", *, deadlines: Mapping[str, float] | None = None
 ) -> None:
-    """Move the node to ``phase``, with its deadline (``deadlines``:
-    settings' node_phase_deadlines_s, else the defaults) and a clean retry
-    record."""
-    now = utcnow()
-    if node.phase != phase:
-        forget_failures(node)
-    node.phase = phase
-    node.message = message
-    node.phase_changed_at = now
-    node.phase_deadline_at = deadline_at(
-        NODE_PHASE_DEADLINES_S if deadlines is None else deadlines, phase, now
-    )
+    """Move the loaded ``node`` to ``phase`` (``node_phase_values``); the
+    retry record is cleared only if the phase changes."""
+    values = node_phase_values(phase, message, deadlines=deadlines)
+    if node.phase == phase:
+        for kept in ("retries", "last_error", "next_attempt_at"):
+            del values[kept]
+    for column, value in values.items():
+        setattr(node, column, value)
 
 
 def forget_failures(row: Node | Cluster) -> None:
@@ -115,10 +144,15 @@ def forget_failures(row: Node | Cluster) -> None:
     row.next_attempt_at = None
 
 
-async def open_usage(session: AsyncSession, node: Node, cluster: Cluster) -> None:
+async def open_usage(
+    session: AsyncSession, node: Node, cluster: Cluster, *, never_live: bool = False
+) -> None:
     """Start metering a node that went live; a no-op if it is metered already
-    (a step repeated after a crash opens no second record)."""
-    if await _open_usage(session, node.id) is not None:
+    (a step repeated after a crash opens no second record). ``never_live``:
+    the caller saw the node had never been live (no ``ready_at``), so no
+    record can be open (usage opens in the transaction that sets
+    ``ready_at``) and the look-up is skipped."""
+    if not never_live and await _open_usage(session, node.id) is not None:
         return
     now = utcnow()
     session.add(

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Literal
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import sshca
+from gpuclusters.server.db.dialects import upsert_insert
 from gpuclusters.server.db.models import SshAuthority, SshKey, utcnow
 
 CaKind = Literal["user", "host"]
@@ -39,9 +38,9 @@ async def org_authority(session: AsyncSession, organization_id: str, kind: CaKin
     }
     # INSERT ... ON CONFLICT DO NOTHING: of two first uses, one row wins and
     # both read it (no savepoint needed, which SQLite's driver handles badly).
-    dialect = session.get_bind().dialect.name
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    await session.execute(insert(SshAuthority).values(**values).on_conflict_do_nothing())
+    await session.execute(
+        upsert_insert(session, SshAuthority).values(**values).on_conflict_do_nothing()
+    )
     await session.commit()
     found = await session.get(SshAuthority, (organization_id, kind), populate_existing=True)
     if found is None:  # pragma: no cover - inserted or already there: it exists

@@ -9,6 +9,7 @@ is no capacity and a crash can never leave a cluster without its node rows
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -141,33 +142,40 @@ async def create_cluster(
     view = await _placing(
         rt,
         session,
-        lambda: _create_once(
-            session, rt=rt, principal=principal, project_name=project_name, body=body
+        lambda guard: _create_once(
+            session, rt=rt, principal=principal, project_name=project_name, body=body, guard=guard
         ),
     )
     rt.hints.notify(hints.CLUSTERS, hints.NODES, hints.VOLUMES)
     return view
 
 
+Guard = Callable[[], AbstractAsyncContextManager[None]]
+
+
 async def _placing(
-    rt: Runtime, session: AsyncSession, attempt: Callable[[], Awaitable[api.Cluster]]
+    rt: Runtime, session: AsyncSession, attempt: Callable[[Guard], Awaitable[api.Cluster]]
 ) -> api.Cluster:
-    """Run one create/scale transaction under the placement guard. The guard
+    """Run one create/scale transaction; ``attempt`` takes the placement
+    guard it is given from its first write to its commit (its checks, which
+    only read, go before: under a burst of creates the guard is the queue
+    every create waits in, so what it covers sets their pace). The guard
     makes conflicts rare; if another server process still took a host first
-    (the unique index says so at commit), place again with a fresh view."""
+    (the unique index says so at commit), or a concurrent create took the
+    name, place again with a fresh view (which then says the name is
+    taken)."""
     for n in range(PLACEMENT_ATTEMPTS):
-        async with placement_guard(session, rt.placement_lock):
-            try:
-                return await attempt()
-            except IntegrityError:
-                await session.rollback()
-                if n == PLACEMENT_ATTEMPTS - 1:
-                    raise CapacityUnavailableError(
-                        "hosts were taken by concurrent requests; try again", field="num_gpus"
-                    ) from None
-            except BaseException:
-                await session.rollback()  # a failed request leaves nothing behind
-                raise
+        try:
+            return await attempt(lambda: placement_guard(session, rt.placement_lock))
+        except IntegrityError:
+            await session.rollback()
+            if n == PLACEMENT_ATTEMPTS - 1:
+                raise CapacityUnavailableError(
+                    "hosts were taken by concurrent requests; try again", field="num_gpus"
+                ) from None
+        except BaseException:
+            await session.rollback()  # a failed request leaves nothing behind
+            raise
     raise AssertionError("unreachable")
 
 
@@ -178,6 +186,7 @@ async def _create_once(
     principal: Principal,
     project_name: str,
     body: api.ClusterCreate,
+    guard: Guard,
 ) -> api.Cluster:
     region = body.region or rt.settings.region
     if body.slurm is not None:
@@ -195,6 +204,32 @@ async def _create_once(
     ):
         raise AlreadyExistsError(f"cluster {body.name!r} already exists", field="name")
     volume = await _volume_for_create(session, project=project, body=body, region=region)
+    # Only reads so far (the volume is not written yet): from the first
+    # write on, under the guard (the order the controllers take them in:
+    # the guard, then SQLite's writer gate).
+    async with guard():
+        return await _create_placed(
+            session,
+            rt=rt,
+            principal=principal,
+            project=project,
+            body=body,
+            region=region,
+            volume=volume,
+        )
+
+
+async def _create_placed(
+    session: AsyncSession,
+    *,
+    rt: Runtime,
+    principal: Principal,
+    project: Project,
+    body: api.ClusterCreate,
+    region: str,
+    volume: Volume,
+) -> api.Cluster:
+    """The writes of a create, under the placement guard, to its commit."""
     await session.flush()
     cluster = Cluster(
         project_id=project.id,
@@ -306,7 +341,11 @@ async def update_cluster(
     name: str,
     body: api.ClusterUpdate,
 ) -> api.Cluster:
-    async def attempt() -> api.Cluster:
+    async def attempt(guard: Guard) -> api.Cluster:
+        async with guard():
+            return await update_once()
+
+    async def update_once() -> api.Cluster:
         project = await resolve_project(
             session, principal=principal, name=project_name, need=ProjectRole.ADMIN
         )
