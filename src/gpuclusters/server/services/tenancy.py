@@ -131,10 +131,13 @@ async def principal_for_key(
 ) -> tuple[Principal, ApiKey]:
     """The caller behind the live API key ``which`` selects (by hash, or by
     id for a console session), and that key."""
-    row = (
+    # The key, its user and the user's roles in one query (every request
+    # makes it): a row per membership, or one with no project.
+    rows = (
         await session.execute(
-            select(ApiKey, User)
+            select(ApiKey, User, ProjectMember.project_id, ProjectMember.role)
             .join(User, User.id == ApiKey.user_id)
+            .outerjoin(ProjectMember, ProjectMember.user_id == User.id)
             .where(
                 which,
                 ApiKey.revoked_at.is_(None),
@@ -142,19 +145,16 @@ async def principal_for_key(
                 User.deleted_at.is_(None),
             )
         )
-    ).first()
-    if row is None:
+    ).all()
+    if not rows:
         raise AuthenticationError("invalid or revoked API key")
-    key_row, user = row
-    members = await session.execute(
-        select(ProjectMember.project_id, ProjectMember.role).where(ProjectMember.user_id == user.id)
-    )
+    key_row, user = rows[0][0], rows[0][1]
     principal = Principal(
         user_id=user.id,
         user_name=user.name,
         organization_id=user.organization_id,
         is_admin=user.is_admin,
-        roles={pid: ProjectRole(role) for pid, role in members.all()},
+        roles={pid: ProjectRole(role) for _, _, pid, role in rows if pid is not None},
     )
     return principal, key_row
 

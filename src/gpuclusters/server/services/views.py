@@ -153,9 +153,11 @@ async def cluster_views(
         return []
     ids = [c.id for c in clusters]
     by_id = {c.id: c for c in clusters}
+    # With their hosts' names in the same query (hosts are never deleted).
     nodes: list[Row[Any]] = list(
         await session.execute(
-            select(*NODE_VIEW_COLUMNS)
+            select(*NODE_VIEW_COLUMNS, Host.name.label("host_name"))
+            .outerjoin(Host, Host.id == Node.host_id)
             .where(Node.cluster_id.in_(ids), Node.deleted_at.is_(None))
             .order_by(Node.created_at, Node.name)
         )
@@ -183,7 +185,7 @@ async def cluster_views(
         if volume_ids
         else {}
     )
-    nviews = await node_views(session, nodes, clusters=by_id)
+    nviews = [node_view(n, cluster=by_id[n.cluster_id], host=n.host_name) for n in nodes]
     splits = await capacity_splits(session, clusters, project=project)
     nodes_by_cluster: dict[str, list[api.Node]] = defaultdict(list)
     for row, view in zip(nodes, nviews, strict=True):
