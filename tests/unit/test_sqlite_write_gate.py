@@ -107,3 +107,23 @@ async def test_waiting_longer_than_the_busy_timeout_is_an_error(
                 await conn.execute(text("INSERT INTO t (v) VALUES ('late')"))
         await first.commit()
     assert not gate_held(engine)
+
+
+async def test_a_writer_cancelled_as_the_gate_is_granted_stays_cancelled() -> None:
+    # The race that hung a server's shutdown: the gate is given to a waiting
+    # writer in the same loop iteration as that writer's task is cancelled.
+    # The cancellation must win (the task ends, the gate is not left held);
+    # with asyncio.wait_for on Python 3.11 the grant won and the cancelled
+    # task ran on.
+    gate = engine_module.WriteGate()
+    first, second = object(), object()
+    await gate.enter(first, "INSERT INTO t VALUES (1)")
+    waiter = asyncio.create_task(gate.enter(second, "INSERT INTO t VALUES (2)"))
+    await asyncio.sleep(0)  # the second writer now waits for the gate
+    gate.leave(first)  # grants it...
+    waiter.cancel()  # ...as the task is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not gate._holders  # nobody holds it
+    await asyncio.wait_for(gate.enter(first, "UPDATE t SET v = 1"), 1)  # and it is free
+    gate.leave(first)

@@ -61,6 +61,9 @@ class Hints:
     async def wait(self, topic: str, max_wait_s: float) -> None:
         """Return when ``topic`` is notified or after ``max_wait_s``."""
         ev = self._event(topic)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can lose a
+        # cancellation that arrives as the event is set.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), max_wait_s)
+            async with asyncio.timeout(max_wait_s):
+                await ev.wait()
         ev.clear()

@@ -1,10 +1,12 @@
 """The async engine and session factory.
 
-SQLite gets WAL mode and a busy timeout so API requests and controllers can
-write concurrently without "database is locked" errors; PostgreSQL needs
-nothing special. With ``slow_query_ms`` set, every statement slower than
-that is logged with its time (``GPUCLUSTERS_SLOW_QUERY_MS``): how to find
-what a busy database spends its time on.
+SQLite gets WAL mode, and its statements run on the event loop's thread
+(``db/sqlite_inline.py``: no worker thread per connection), with a lock
+held by another process waited for off the loop; PostgreSQL needs nothing
+special (``db/statistics.py`` keeps its planner statistics fresh). With
+``slow_query_ms`` set, every statement slower than that is logged with its
+time (``GPUCLUSTERS_SLOW_QUERY_MS``): how to find what a busy database
+spends its time on.
 
 SQLite allows one writer at a time. When a second connection wants to
 write, SQLite's busy handler sleeps and retries (1, 2, 5 ... up to 100 ms
@@ -15,8 +17,9 @@ an asyncio lock instead (``WriteGate``): a transaction takes it just before
 its first INSERT, UPDATE or DELETE (where the sqlite3 module begins the
 transaction) and gives it back when it commits, rolls back or its
 connection closes, and the next writer starts the moment it is free. Writers
-in other processes (tools opening the file) still meet the busy handler.
-Waiting longer than the busy timeout (30 s) is an error, as it was.
+in other processes (tools opening the file) are waited for by
+``sqlite_inline``'s retries. Waiting longer than 30 s is an error, as it
+was.
 
 A server makes two engines: one for API requests and one for everything
 else (controllers, housekeeping), so neither can starve the other of
@@ -33,10 +36,12 @@ import time
 import weakref
 from typing import Any
 
-from sqlalchemy import event, exc
+from sqlalchemy import event, exc, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 from sqlalchemy.util import await_only
+
+from gpuclusters.server.db import sqlite_inline
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +88,12 @@ class WriteGate:
             return
         lock = self._lock()
         try:
-            await asyncio.wait_for(lock.acquire(), SQLITE_BUSY_TIMEOUT_S)
+            # Not ``asyncio.wait_for``: on Python 3.11 it loses a cancellation
+            # that arrives as the lock is granted (the caller then runs on as
+            # if never cancelled: a server's shutdown waited for ever on a
+            # housekeeping task that had gone back to sleep).
+            async with asyncio.timeout(SQLITE_BUSY_TIMEOUT_S):
+                await lock.acquire()
         except TimeoutError:
             raise exc.OperationalError(
                 statement, None, TimeoutError("database is locked (waited for another writer)")
@@ -139,7 +149,14 @@ def make_engine(url: str, *, slow_query_ms: float | None = None) -> AsyncEngine:
 
 def _make_engine(url: str) -> AsyncEngine:
     if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+        # Statements run on the loop's thread, not aiosqlite's
+        # (``db/sqlite_inline.py``), with the dialect's connect arguments.
+        sa_url = make_url(url)
+        args, kwargs = sa_url.get_dialect()().create_connect_args(sa_url)
+        engine = create_async_engine(
+            url,
+            async_creator=sqlite_inline.connector(args, kwargs, timeout_s=SQLITE_BUSY_TIMEOUT_S),
+        )
         # One gate per database for every engine of this process on it.
         serialize_sqlite_writes(engine, _GATES.setdefault(url, WriteGate()))
 
@@ -147,7 +164,8 @@ def _make_engine(url: str) -> AsyncEngine:
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            # Short: a lock another process holds is waited for off the loop.
+            cur.execute(f"PRAGMA busy_timeout={sqlite_inline.BUSY_SLICE_MS}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
