@@ -30,7 +30,10 @@ the creates and prints how long the survivor takes to finish the work.
 The fake provider makes nodes instantly, so the figures are the control
 plane's own cost: API, database, placement and reconcilers. Each run's home
 (server logs, SQLite database) is removed at the end; ``BENCH_KEEP_HOME=1``
-keeps it, e.g. with ``GPUCLUSTERS_SLOW_QUERY_MS=50`` to read slow queries.
+keeps it, e.g. with ``GPUCLUSTERS_SLOW_QUERY_MS=50`` to read slow queries,
+or with ``BENCH_PG_STATEMENTS=1`` for PostgreSQL's own log of every
+statement with its time (``postgres.log`` in the kept home). Each phase
+prints the CPU the servers, PostgreSQL's processes and the bench used.
 
     .venv/bin/python bench/control_plane.py --hosts 10000 --clusters 1000 --nodes 10
     .venv/bin/python bench/control_plane.py --db postgresql --replicas 2 --kill \\

@@ -250,8 +250,7 @@ class Reconciler(ABC):
         failure: StepFailed | None = None
         try:
             result = await step
-            released = isinstance(result, Released)
-            changed = result.changed if isinstance(result, Released) else result
+            released, changed = isinstance(result, Released), bool(result)
             succeeded = True
             STEPS.labels(self.name, "ok").inc()
         except asyncio.CancelledError:
