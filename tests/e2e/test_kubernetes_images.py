@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from netlab import Laptop
 
+from gpuclusters.imagebuild import umoci
 from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
 from gpuclusters.server.settings import Settings
@@ -111,19 +112,20 @@ def _login(world: World, user: str, project: str, home: str) -> None:
 
 def _app_archive(laptop: Laptop) -> Path:
     """The user's own image: busybox plus a web page, two layers, as an OCI
-    archive on the laptop (how they built it does not matter to the registry)."""
+    archive on the laptop, assembled by umoci (how they built it does not
+    matter to the registry)."""
     page = images.TarWriter()
     page.dir("www")
     page.file("www/index.html", (PAGE + "\n").encode())
     work = laptop.home / "build"
     work.mkdir(exist_ok=True)
-    layers = [
-        images.gzip_layer([images.base_layer()], work / "base.tar.gz"),
-        images.gzip_layer([page.close()], work / "page.tar.gz"),
-    ]
-    config = {"Env": [images.PATH_ENV], "Cmd": ["httpd", "-f", "-p", "8080", "-h", "/www"]}
+    base, web = images.base_layer(), page.close()
+    config = umoci.ImageConfig(
+        env=(images.PATH_ENV,), cmd=("httpd", "-f", "-p", "8080", "-h", "/www")
+    )
     path = laptop.home / "web.tar"
-    images.write_oci_archive(path, "web:1", layers, config)
+    layers = [(lambda out: out.write(base), "busybox"), (lambda out: out.write(web), "page")]
+    umoci.build_archive(path, "1", layers, config, work)
     os.chown(path, laptop.uid, laptop.uid)
     return path
 

@@ -1,5 +1,5 @@
-"""The system image catalog (imagebuild/catalog) and the
-multi-layer archive writer it uses (images.write_oci_archive): archives are
+"""The system image catalog (imagebuild/catalog) and the umoci assembly
+it uses (imagebuild/umoci, the real umoci): archives are
 self-consistent OCI layouts (digests, sizes, diff_ids of the gzip layers),
 deterministic, cached by their inputs' hash; the Go tools' images put the
 binary where the upstream manifests expect it; the Debian layer's pipeline
@@ -17,19 +17,17 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
 from gpuclusters.imagebuild import catalog as ic
+from gpuclusters.imagebuild import umoci
 from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import K8S_VERSION
-from gpuclusters.layers.kubernetes.images import (
-    CONFIG_MEDIA,
-    LAYER_GZIP_MEDIA,
-    MANIFEST_MEDIA,
-    ImageBuildError,
-)
+from gpuclusters.layers.kubernetes.images import CONFIG_MEDIA, MANIFEST_MEDIA, ImageBuildError
+
+LAYER_GZIP_MEDIA = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -106,71 +104,90 @@ def _content(layer: bytes, name: str) -> bytes:
         return f.read()
 
 
-# --- the archive writer -----------------------------------------------------------------------
+# --- the archive, assembled by umoci ----------------------------------------------------------
 
 
-def test_gzip_layer_digests_and_determinism(tmp_path: Path) -> None:
-    tar = _tar({"a.txt": b"a" * 100_000, "b.txt": b"b"})
-    blob = images.gzip_layer([tar[:1000], tar[1000:]], tmp_path / "one.gz")
-    data = blob.path.read_bytes()
-    assert blob.media_type == LAYER_GZIP_MEDIA
-    assert blob.diff_id == _sha(tar)
-    assert (blob.digest, blob.size) == (_sha(data), len(data))
-    assert gzip.decompress(data) == tar
-    assert len(data) < len(tar)
-    # No name or time in the gzip header: same input, same blob.
-    again = images.gzip_layer([tar], tmp_path / "two.gz")
-    assert again.digest == blob.digest
+def _source(data: bytes) -> umoci.TarSource:
+    def write(out: IO[bytes]) -> None:
+        # In pieces, as a root filesystem streams from mmdebstrap.
+        for i in range(0, len(data), 4096):
+            out.write(data[i : i + 4096])
+
+    return write
 
 
-def test_write_oci_archive_multi_layer(tmp_path: Path) -> None:
-    bottom = images.gzip_layer([_tar({"etc/os": b"debian"})], tmp_path / "l0.gz")
-    top = images.gzip_layer([_tar({"app": b"binary"})], tmp_path / "l1.gz")
-    dest = tmp_path / "img.tar"
-    config = {"Entrypoint": ["/app"], "User": "65532:65532"}
-    digest = images.write_oci_archive(
-        dest, "gpuclusters.io/demo:v1", [bottom, top], config, history=["root", "app"]
-    )
+def test_umoci_archive_multi_layer(tmp_path: Path) -> None:
+    bottom, top = _tar({"etc/os": b"debian", "big": b"a" * 100_000}), _tar({"app": b"binary"})
+    dest = tmp_path / "out" / "img.tar"
+    dest.parent.mkdir()
+    config = umoci.ImageConfig(entrypoint=("/app",), user="65532:65532", env=("A=1", "B=2"))
+
+    def build(work: str) -> umoci.Packed:
+        (tmp_path / work).mkdir()
+        layers = [(_source(bottom), "root"), (_source(top), "app")]
+        return umoci.build_archive(dest, "v1", layers, config, tmp_path / work)
+
+    packed = build("w1")
     desc, image_config, layers = _check_layout(dest)
-    assert desc["digest"] == digest
-    assert desc["annotations"] == {
-        "io.containerd.image.name": "gpuclusters.io/demo:v1",
-        "org.opencontainers.image.ref.name": "v1",
+    assert desc["digest"] == packed.manifest_digest
+    assert desc["annotations"] == {"org.opencontainers.image.ref.name": "v1"}
+    assert image_config["config"] == {
+        "Entrypoint": ["/app"],
+        "User": "65532:65532",
+        "Env": ["A=1", "B=2"],
     }
-    assert image_config["config"] == config
-    assert image_config["rootfs"]["diff_ids"] == [bottom.diff_id, top.diff_id]
+    assert (image_config["architecture"], image_config["os"]) == ("amd64", "linux")
+    assert image_config["rootfs"]["diff_ids"] == [_sha(bottom), _sha(top)]
+    assert [d.diff_id for d in packed.layers] == [_sha(bottom), _sha(top)]
     assert [h["created_by"] for h in image_config["history"]] == ["root", "app"]
-    assert _content(layers[1], "app") == b"binary"
+    assert layers == [bottom, top]
     # Deterministic: the same layers give the same bytes, owners root, mtime 0.
     first = dest.read_bytes()
-    images.write_oci_archive(
-        dest, "gpuclusters.io/demo:v1", [bottom, top], config, history=["root", "app"]
-    )
+    assert build("w2") == packed
     assert dest.read_bytes() == first
     with tarfile.open(dest) as tar:
         for m in tar.getmembers():
             assert (m.uid, m.gid, m.mtime) == (0, 0, 0)
     # Nothing left beside it.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["img.tar", "l0.gz", "l1.gz"]
+    assert [p.name for p in dest.parent.iterdir()] == ["img.tar"]
 
 
-def test_write_oci_archive_one_blob_per_distinct_layer(tmp_path: Path) -> None:
-    layer = images.gzip_layer([_tar({"x": b"y"})], tmp_path / "l.gz")
+def test_umoci_archive_one_blob_per_distinct_layer(tmp_path: Path) -> None:
+    layer = _tar({"x": b"y"})
     dest = tmp_path / "img.tar"
-    images.write_oci_archive(dest, "demo:1", [layer, layer], {})
+    umoci.build_archive(
+        dest, "1", [(_source(layer), "a"), (_source(layer), "b")], umoci.ImageConfig(), tmp_path
+    )
     blobs = [n for n in _archive_files(dest) if n.startswith("blobs/")]
     assert len(blobs) == 3  # config, manifest, the layer once
     _check_layout(dest)
 
 
-def test_write_oci_archive_rejects_bad_input(tmp_path: Path) -> None:
-    with pytest.raises(ImageBuildError):
-        images.write_oci_archive(tmp_path / "x.tar", "demo:1", [], {})
-    layer = images.gzip_layer([_tar({"x": b"y"})], tmp_path / "l.gz")
-    layer.path.write_bytes(b"changed")
-    with pytest.raises(ImageBuildError):
-        images.write_oci_archive(tmp_path / "x.tar", "demo:1", [layer], {})
-    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+def test_umoci_archive_failures_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dest = tmp_path / "out" / "img.tar"
+    dest.parent.mkdir()
+    with pytest.raises(ImageBuildError, match="at least one layer"):
+        umoci.build_archive(dest, "1", [], umoci.ImageConfig(), tmp_path / "w0")
+
+    def failing(out: IO[bytes]) -> None:
+        out.write(_tar({"x": b"y"})[:1024])
+        raise ImageBuildError("mmdebstrap failed (exit 1)")
+
+    (tmp_path / "w1").mkdir()
+    with pytest.raises(ImageBuildError, match="mmdebstrap failed"):
+        umoci.build_archive(dest, "1", [(failing, "root")], umoci.ImageConfig(), tmp_path / "w1")
+    # A tag umoci refuses: its own message.
+    (tmp_path / "w2").mkdir()
+    with pytest.raises(ImageBuildError, match="umoci new failed"):
+        umoci.build_archive(
+            dest, "bad tag", [(_source(_tar({})), "x")], umoci.ImageConfig(), tmp_path / "w2"
+        )
+    assert list(dest.parent.iterdir()) == []
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(umoci.UmociMissingError, match="apt-get install umoci"):
+        umoci.build_archive(dest, "1", [(_source(b""), "x")], umoci.ImageConfig(), tmp_path / "w3")
 
 
 # --- files layers and static images -----------------------------------------------------------
@@ -540,7 +557,7 @@ def test_debian_layer_failure_leaves_nothing(
 def test_debian_layer_needs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(ImageBuildError, match="root"):
-        ic.DebianLayer(("bash",)).build(tmp_path / "l.gz", tmp_path)
+        ic.DebianLayer(("bash",)).write_tar(io.BytesIO(), tmp_path)
 
 
 # --- the command line -------------------------------------------------------------------------

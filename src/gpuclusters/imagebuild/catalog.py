@@ -9,8 +9,10 @@ here instead, and matches the upstream image where the upstream manifests
 rely on it (the binary's path, the entrypoint, the default user), because
 those manifests are installed unchanged but for their image references.
 
-A recipe (``ImageRecipe``) is a list of layers plus the image config. Three
-kinds of layer:
+A recipe (``ImageRecipe``) is a list of layers plus the image config. The
+recipes make only the layers' contents, each a plain tar stream; umoci
+assembles the image around them (``imagebuild/umoci.py``: compression,
+digests, the config, manifest and index). Three kinds of layer:
 
 * ``FilesLayer``: files of this machine (a Go binary built by
   ``scripts/build-k8s-addons``, the CA bundle) and inline files, written by
@@ -18,8 +20,8 @@ kinds of layer:
   layer, like a distroless image (``static_image``);
 * ``DebianLayer``: a Debian root filesystem made by ``mmdebstrap`` (root
   mode) with the recipe's packages, hooks and files, slimmed (no docs, man
-  pages or locales; no package lists) and streamed as a tar through gzip into
-  the cache (``debian_image``);
+  pages or locales; no package lists) and streamed as a tar into umoci
+  (``debian_image``);
 * ``BuiltLayer``: a layer from one of ``images``' builders, so the pause and
   base images here hold the very layers the nodes import.
 
@@ -63,21 +65,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
+from gpuclusters.imagebuild import umoci
 from gpuclusters.layers.kubernetes import config as k8s_config
 from gpuclusters.layers.kubernetes import images
-from gpuclusters.layers.kubernetes.images import (
-    PATH_ENV,
-    ImageBuildError,
-    LayerBlob,
-    LayerWriter,
-    TarWriter,
-)
+from gpuclusters.layers.kubernetes.images import PATH_ENV, ImageBuildError, TarWriter
 
 # Bump when a builder changes what it writes for the same inputs: every
 # image is rebuilt once.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 REPOSITORY_PREFIX = "gpuclusters.io"
 CACHE_ENV = "GPUCLUSTERS_IMAGES_CACHE"
@@ -129,7 +126,7 @@ def file_sha256(path: Path) -> str:
     if key not in _HASHES:
         h = hashlib.sha256()
         with path.open("rb") as f:
-            while chunk := f.read(images.CHUNK):
+            while chunk := f.read(1 << 20):
                 h.update(chunk)
         _HASHES[key] = h.hexdigest()
     return _HASHES[key]
@@ -249,8 +246,8 @@ class FilesLayer:
             t.symlink(_rel(path), target)
         return t.close()
 
-    def build(self, dest: Path, work: Path) -> LayerBlob:
-        return images.gzip_layer([self.tar()], dest)
+    def write_tar(self, out: IO[bytes], work: Path) -> None:
+        out.write(self.tar())
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +269,8 @@ class BuiltLayer:
     def describe(self) -> str:
         return f"{self.builder} layer"
 
-    def build(self, dest: Path, work: Path) -> LayerBlob:
-        return images.gzip_layer([self.make(*(f.source() for f in self.inputs))], dest)
+    def write_tar(self, out: IO[bytes], work: Path) -> None:
+        out.write(self.make(*(f.source() for f in self.inputs)))
 
 
 # Nothing a container needs at run time; --dpkgopt filters are applied as
@@ -398,7 +395,7 @@ class DebianLayer:
             *self.mirrors(),
         ]
 
-    def build(self, dest: Path, work: Path) -> LayerBlob:
+    def write_tar(self, out: IO[bytes], work: Path) -> None:
         if os.geteuid() != 0:
             raise ImageBuildError("Debian images are built as root (mmdebstrap's root mode)")
         if shutil.which("mmdebstrap") is None:
@@ -409,10 +406,9 @@ class DebianLayer:
         # mmdebstrap's progress goes to our stderr; its stdout is the tar.
         proc = subprocess.Popen(self.command(work), stdout=subprocess.PIPE, env=env)
         assert proc.stdout is not None
-        writer = LayerWriter(dest)
         try:
             try:
-                _copy_tar(proc.stdout, writer)
+                _copy_tar(proc.stdout, out)
             finally:
                 proc.stdout.close()
                 rc = proc.wait()
@@ -422,23 +418,21 @@ class DebianLayer:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            writer.abort()
             raise
-        return writer.close()
 
 
-def _copy_tar(source: Any, writer: LayerWriter) -> None:
-    """Copy a tar stream to ``writer``, without the entries under /dev."""
+def _copy_tar(source: IO[bytes], out: IO[bytes]) -> None:
+    """Copy a tar stream to ``out``, without the entries under /dev."""
     # tarfile's stream modes only read and write; its type asks for more.
-    out_file = cast(Any, writer)
+    out_file = cast(Any, out)
     with (
         tarfile.open(fileobj=source, mode="r|") as src,
-        tarfile.open(fileobj=out_file, mode="w|", format=tarfile.PAX_FORMAT) as out,
+        tarfile.open(fileobj=out_file, mode="w|", format=tarfile.PAX_FORMAT) as dst,
     ):
         for member in src:
             if member.name.startswith(_DROPPED_PREFIXES):
                 continue
-            out.addfile(member, src.extractfile(member) if member.isreg() else None)
+            dst.addfile(member, src.extractfile(member) if member.isreg() else None)
 
 
 Layer = FilesLayer | BuiltLayer | DebianLayer
@@ -493,6 +487,15 @@ class ImageRecipe:
         if self.workdir:
             config["WorkingDir"] = self.workdir
         return config
+
+    def umoci_config(self) -> umoci.ImageConfig:
+        return umoci.ImageConfig(
+            entrypoint=self.entrypoint,
+            cmd=self.cmd,
+            env=self.env,
+            user=self.user,
+            workdir=self.workdir,
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything the archive is made from; raises MissingInputError."""
@@ -1075,21 +1078,12 @@ def build_image(recipe: ImageRecipe, cache: Path, *, force: bool = False) -> str
     # Scratch space on the cache's file system: blobs are renamed, not copied.
     work = Path(tempfile.mkdtemp(prefix=f".work-{recipe.name}-", dir=cache))
     try:
-        blobs: list[LayerBlob] = []
-        for i, layer in enumerate(recipe.layers):
-            layer_started = time.monotonic()
-            blob = layer.build(work / f"layer-{i}.tar.gz", work)
-            say(
-                f"{recipe.ref}: layer {i + 1}/{len(recipe.layers)} ({layer.describe()[:60]}):"
-                f" {_mb(blob.size)} compressed, {time.monotonic() - layer_started:.1f} s"
-            )
-            blobs.append(blob)
-        digest = images.write_oci_archive(
+        packed = umoci.build_archive(
             archive,
-            recipe.ref,
-            blobs,
-            recipe.image_config(),
-            history=[layer.describe() for layer in recipe.layers],
+            recipe.tag,
+            [(_timed(recipe, i, work), layer.describe()) for i, layer in enumerate(recipe.layers)],
+            recipe.umoci_config(),
+            work,
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -1098,9 +1092,11 @@ def build_image(recipe: ImageRecipe, cache: Path, *, force: bool = False) -> str
     new_stamp = {
         "ref": recipe.ref,
         "inputs": inputs,
-        "manifest_digest": digest,
+        "manifest_digest": packed.manifest_digest,
         "size": size,
-        "layers": [{"digest": b.digest, "diff_id": b.diff_id, "size": b.size} for b in blobs],
+        "layers": [
+            {"digest": b.digest, "diff_id": b.diff_id, "size": b.size} for b in packed.layers
+        ],
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "build_seconds": round(seconds, 1),
         "fingerprint": recipe.fingerprint(),
@@ -1110,6 +1106,21 @@ def build_image(recipe: ImageRecipe, cache: Path, *, force: bool = False) -> str
     tmp.replace(stamp_path)
     say(f"{recipe.ref}: built {archive} ({_mb(size)}) in {seconds:.1f} s")
     return "built"
+
+
+def _timed(recipe: ImageRecipe, i: int, work: Path) -> umoci.TarSource:
+    """Layer ``i``'s tar source, saying how long it took once umoci has it."""
+    layer = recipe.layers[i]
+
+    def write(out: IO[bytes]) -> None:
+        started = time.monotonic()
+        layer.write_tar(out, work)
+        say(
+            f"{recipe.ref}: layer {i + 1}/{len(recipe.layers)} ({layer.describe()[:60]}):"
+            f" {time.monotonic() - started:.1f} s"
+        )
+
+    return write
 
 
 def _mb(size: int) -> str:

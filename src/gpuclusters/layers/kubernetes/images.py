@@ -18,33 +18,28 @@ In production, nodes pull from a real registry: the pause image comes from
 ``registry.k8s.io/pause`` (containerd's ``sandbox_image``) and users push
 their own images; nothing here is needed there.
 
-Larger images (a Debian root filesystem, add-on binaries) are written by
-``write_oci_archive``: one or more layers, each a gzip-compressed blob on
-disk (``gzip_layer``), streamed into the archive rather than held in
-memory. ``gpuclusters.imagebuild.catalog`` builds the system images that way and caches
-them for a push to the cluster registry.
+The system images clusters pull from the registry (a Debian root
+filesystem, add-on binaries) are a build tool's business:
+``gpuclusters.imagebuild`` makes them with umoci, reusing ``base_layer`` and
+``pause_layer`` from here.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
-import os
 import subprocess
 import tarfile
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 BASE_IMAGE = "localhost/gpuclusters-base:latest"
 PAUSE_REPO = "localhost/gpuclusters-pause"
 BUSYBOX = Path("/bin/busybox")
 LAYER_MEDIA = "application/vnd.oci.image.layer.v1.tar"
-LAYER_GZIP_MEDIA = "application/vnd.oci.image.layer.v1.tar+gzip"
 INDEX_MEDIA = "application/vnd.oci.image.index.v1+json"
 MANIFEST_MEDIA = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA = "application/vnd.oci.image.config.v1+json"
@@ -110,29 +105,17 @@ class TarWriter:
 
 
 def _image_documents(
-    name: str,
-    layers: Sequence[dict[str, Any]],
-    diff_ids: Sequence[str],
-    config: dict[str, Any],
-    history: Sequence[str] | None = None,
+    name: str, layer: dict[str, Any], diff_id: str, config: dict[str, Any]
 ) -> tuple[bytes, bytes, bytes]:
-    """The config, manifest and index blobs of one image whose layers are
-    described by ``layers`` (OCI descriptors) and ``diff_ids`` (the digests
-    of their uncompressed tars, in the same order)."""
-    if history is None:
-        entries: list[dict[str, str]] = [
-            {"created_by": "gpuclusters", "comment": "built locally"} for _ in layers
-        ]
-    else:
-        entries = [{"created_by": h, "comment": "built locally"} for h in history]
-    if len(entries) != len(layers) or len(diff_ids) != len(layers):
-        raise ImageBuildError("one diff_id and one history entry per layer")
+    """The config, manifest and index blobs of one single-layer image whose
+    layer is described by ``layer`` (an OCI descriptor) and ``diff_id`` (the
+    digest of its uncompressed tar)."""
     image_config = {
         "architecture": "amd64",
         "os": "linux",
         "config": config,
-        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-        "history": entries,
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created_by": "gpuclusters", "comment": "built locally"}],
     }
     config_blob = json.dumps(image_config, sort_keys=True).encode()
     manifest = {
@@ -143,7 +126,7 @@ def _image_documents(
             "digest": _sha(config_blob),
             "size": len(config_blob),
         },
-        "layers": list(layers),
+        "layers": [layer],
     }
     manifest_blob = json.dumps(manifest, sort_keys=True).encode()
     # A colon after the last slash starts a tag; one before it is a port.
@@ -170,7 +153,7 @@ def oci_archive(name: str, layer: bytes, config: dict[str, Any]) -> bytes:
     """One single-layer image as an OCI image-layout tar that containerd
     imports under ``name``."""
     desc = {"mediaType": LAYER_MEDIA, "digest": _sha(layer), "size": len(layer)}
-    config_blob, manifest_blob, index_blob = _image_documents(name, [desc], [_sha(layer)], config)
+    config_blob, manifest_blob, index_blob = _image_documents(name, desc, _sha(layer), config)
     out = TarWriter()
     out.file("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
     out.file("index.json", index_blob)
@@ -179,177 +162,6 @@ def oci_archive(name: str, layer: bytes, config: dict[str, Any]) -> bytes:
     for blob in (config_blob, manifest_blob, layer):
         out.file("blobs/sha256/" + _sha(blob).split(":", 1)[1], blob)
     return out.close()
-
-
-# --- layers on disk -----------------------------------------------------------------------
-#
-# A root filesystem is hundreds of megabytes: its layer is streamed from the
-# tool that makes it, through gzip, into a file, and from there into the
-# archive; nothing holds it whole in memory. Layers are stored compressed so
-# that the cached archive is small and a push to a registry sends the blobs
-# as they are (``skopeo copy`` only compresses layers that are not).
-
-CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class LayerBlob:
-    """One layer as stored on disk: ``digest`` and ``size`` describe the file
-    at ``path`` (compressed or not, per ``media_type``), ``diff_id`` the
-    uncompressed tar (the image config's ``rootfs.diff_ids``)."""
-
-    path: Path
-    media_type: str
-    digest: str
-    size: int
-    diff_id: str
-
-    def descriptor(self) -> dict[str, Any]:
-        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
-
-
-class _Sink(Protocol):
-    def write(self, data: memoryview, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-
-class _HashingWriter:
-    """A write-only file that hashes and counts what passes through it on
-    its way to ``sink``."""
-
-    def __init__(self, sink: _Sink) -> None:
-        self.sink = sink
-        self.hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes | memoryview, /) -> int:
-        view = memoryview(data).cast("B")
-        self.hash.update(view)
-        self.size += len(view)
-        self.sink.write(view)
-        return len(view)
-
-    def flush(self) -> None:
-        self.sink.flush()
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + self.hash.hexdigest()
-
-
-class LayerWriter:
-    """A file object that a tar stream is written to (``tarfile`` mode
-    ``w|``): it hashes the uncompressed bytes (the diff_id) and writes them
-    gzip-compressed to ``dest``, hashing those too (the blob digest).
-
-    gzip's header carries no name and mtime 0, so the same tar always gives
-    the same blob. Level 6, zlib's default: level 9 costs twice the time for
-    about 1 % less on root filesystems."""
-
-    def __init__(self, dest: Path, *, level: int = 6) -> None:
-        self.dest = dest
-        self._file = dest.open("wb")
-        self._compressed = _HashingWriter(self._file)
-        self._gzip = gzip.GzipFile(
-            filename="", mode="wb", fileobj=self._compressed, mtime=0, compresslevel=level
-        )
-        self._plain = _HashingWriter(self._gzip)
-
-    def write(self, data: bytes | memoryview, /) -> int:
-        return self._plain.write(data)
-
-    def flush(self) -> None:
-        self._plain.flush()
-
-    def close(self) -> LayerBlob:
-        self._gzip.close()
-        self._file.close()
-        return LayerBlob(
-            path=self.dest,
-            media_type=LAYER_GZIP_MEDIA,
-            digest=self._compressed.digest,
-            size=self._compressed.size,
-            diff_id=self._plain.digest,
-        )
-
-    def abort(self) -> None:
-        self._file.close()
-        self.dest.unlink(missing_ok=True)
-
-
-def gzip_layer(chunks: Iterable[bytes], dest: Path, *, level: int = 6) -> LayerBlob:
-    """Write an uncompressed layer tar, given as chunks, to ``dest`` as a
-    gzip-compressed blob."""
-    writer = LayerWriter(dest, level=level)
-    try:
-        for chunk in chunks:
-            writer.write(chunk)
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.close()
-
-
-def write_oci_archive(
-    dest: Path,
-    name: str,
-    layers: Sequence[LayerBlob],
-    config: dict[str, Any],
-    *,
-    history: Sequence[str] | None = None,
-) -> str:
-    """Write one image, its layers in order (the first at the bottom), as
-    an OCI image-layout tar at ``dest``; returns the manifest digest.
-
-    Written beside ``dest`` and renamed into place, so a reader never sees a
-    half archive. The same layers and config give the same bytes (fixed
-    mtimes, owners and order), like ``oci_archive``."""
-    if not layers:
-        raise ImageBuildError(f"{name}: an image needs at least one layer")
-    config_blob, manifest_blob, index_blob = _image_documents(
-        name,
-        [layer.descriptor() for layer in layers],
-        [la.diff_id for la in layers],
-        config,
-        history,
-    )
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    try:
-        with (
-            tmp.open("wb") as f,
-            tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar,
-        ):
-
-            def small(path: str, data: bytes) -> None:
-                info = _tarinfo(path, tarfile.REGTYPE, 0o644)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-
-            small("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-            small("index.json", index_blob)
-            tar.addfile(_tarinfo("blobs", tarfile.DIRTYPE, 0o755))
-            tar.addfile(_tarinfo("blobs/sha256", tarfile.DIRTYPE, 0o755))
-            small("blobs/sha256/" + _sha(config_blob).split(":", 1)[1], config_blob)
-            small("blobs/sha256/" + _sha(manifest_blob).split(":", 1)[1], manifest_blob)
-            seen: set[str] = set()
-            for layer in layers:
-                if layer.digest in seen:  # the same layer twice is one blob
-                    continue
-                seen.add(layer.digest)
-                info = _tarinfo(
-                    "blobs/sha256/" + layer.digest.split(":", 1)[1], tarfile.REGTYPE, 0o644
-                )
-                info.size = layer.size
-                if layer.path.stat().st_size != layer.size:
-                    raise ImageBuildError(f"{layer.path} changed since it was written")
-                with layer.path.open("rb") as blob:
-                    tar.addfile(info, blob)
-        tmp.replace(dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return _sha(manifest_blob)
 
 
 def _applets(busybox: Path) -> list[str]:
