@@ -2,8 +2,11 @@
 
 SQLite gets WAL mode, and its statements run on the event loop's thread
 (``db/sqlite_inline.py``: no worker thread per connection), with a lock
-held by another process waited for off the loop; PostgreSQL needs nothing
-special (``db/statistics.py`` keeps its planner statistics fresh). With
+held by another process waited for off the loop. On PostgreSQL, a
+transaction begins at its first write, so a session that only reads costs
+its statements and nothing more (``db/pg_transactions.py``); a connection
+the server closed is replaced at checkout without a round trip; and
+``db/statistics.py`` keeps the planner's statistics fresh. With
 ``slow_query_ms`` set, every statement slower than that is logged with its
 time (``GPUCLUSTERS_SLOW_QUERY_MS``): how to find what a busy database
 spends its time on.
@@ -41,7 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 from sqlalchemy.util import await_only
 
-from gpuclusters.server.db import sqlite_inline
+from gpuclusters.server.db import pg_transactions, sqlite_inline
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +174,43 @@ def _make_engine(url: str) -> AsyncEngine:
             cur.close()
 
         return engine
-    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+    return _make_postgresql_engine(url)
+
+
+# Prepared statements each pooled connection keeps (asyncpg's adapter keeps
+# 100 by default): a statement whose IN list has another length is another
+# statement, and a miss costs a round trip to prepare it again.
+PREPARED_STATEMENT_CACHE = 500
+
+
+def _make_postgresql_engine(url: str) -> AsyncEngine:
+    sa_url = make_url(url)
+    _, kwargs = sa_url.get_dialect()().create_connect_args(sa_url)
+    cache_size = int(kwargs.pop("prepared_statement_cache_size", PREPARED_STATEMENT_CACHE))
+    dbapi = sa_url.get_dialect().import_dbapi()
+    connect = pg_transactions.connector(kwargs)
+
+    def creator() -> Any:
+        # ``async_creator`` would drop the adapter's own arguments; this is
+        # the form SQLAlchemy's asyncpg docs give for passing them.
+        return dbapi.connect(async_creator_fn=connect, prepared_statement_cache_size=cache_size)
+
+    # Transactions begin at their first write (``pg_transactions``).
+    engine = create_async_engine(url, pool_size=10, max_overflow=10, creator=creator)
+
+    # No ``pool_pre_ping``: the adapter's ping is BEGIN, a statement and
+    # ROLLBACK on every checkout, which on the bench was as many round trips
+    # as all the statements. A connection the server closed while it sat in
+    # the pool (a restart, a failover, an idle timeout) is known to asyncpg
+    # already (its socket saw the close), and is replaced at checkout; one
+    # that breaks in use fails that use, and SQLAlchemy then recycles the
+    # pool's other connections.
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _closed_by_the_server(_dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if record.driver_connection.is_closed():
+            raise exc.DisconnectionError("the server closed this connection")
+
+    return engine
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
