@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from gpuclusters.server.db.engine import PREPARED_STATEMENT_CACHE, make_engine
+from gpuclusters.server.db.engine import POOL_SIZE, PREPARED_STATEMENT_CACHE, make_engine
 from gpuclusters.server.db.pg_transactions import needs_transaction
 from support.postgres import PostgresServer
 
@@ -185,3 +185,30 @@ async def test_a_connection_the_server_closed_is_replaced(
     with pytest.raises(exc.DBAPIError):
         async with plain.connect() as conn:
             await conn.execute(text("SELECT 1"))
+
+
+async def _backends_of_two_waves(eng: AsyncEngine, size: int) -> set[int]:
+    """The backends that served two waves of ``size`` sessions, each wave
+    holding all its connections at once."""
+    pids: set[int] = set()
+    for _ in range(2):
+        barrier = asyncio.Barrier(size)
+
+        async def one(barrier: asyncio.Barrier = barrier) -> None:
+            async with eng.connect() as conn:
+                pids.add(await conn.scalar(text("SELECT pg_backend_pid()")))
+                await barrier.wait()
+
+        await asyncio.gather(*(one() for _ in range(size)))
+    return pids
+
+
+async def test_connections_stay_pooled(engine: AsyncEngine, url: str) -> None:
+    assert len(await _backends_of_two_waves(engine, POOL_SIZE)) == POOL_SIZE
+    # With overflow connections (the previous pool: 10 kept, 10 more closed
+    # as they come back), the second wave starts 10 backends again.
+    overflowing = create_async_engine(url, pool_size=10, max_overflow=10)
+    try:
+        assert len(await _backends_of_two_waves(overflowing, 20)) == 30
+    finally:
+        await overflowing.dispose()
