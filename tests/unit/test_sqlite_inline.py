@@ -115,3 +115,40 @@ async def test_a_lock_held_past_the_timeout_fails_the_statement(db: Path) -> Non
         assert rows == [("y",)]
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize(("slice_s", "yields"), [(0.0, True), (float("inf"), False)])
+async def test_a_run_of_statements_lets_the_loop_run(
+    db: Path, monkeypatch: pytest.MonkeyPatch, slice_s: float, yields: bool
+) -> None:
+    """Statements back to back yield to the loop once a slice has run out
+    (``SLICE_S``; 0 here: at every statement), so another task runs between
+    them. The counter-case, a slice that never runs out, is what a
+    coroutine that never suspends does: the other task never runs."""
+    monkeypatch.setattr(sqlite_inline, "SLICE_S", slice_s)
+    engine = make_engine(f"sqlite+aiosqlite:///{db}")
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))  # connected
+            task = asyncio.create_task(other())
+            await asyncio.sleep(0)  # it has started
+            before = turns
+            for _ in range(200):
+                await conn.execute(text("SELECT v FROM t"))
+            during = turns - before
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await engine.dispose()
+    if yields:
+        assert during >= 200
+    else:
+        assert during == 0

@@ -58,27 +58,25 @@ class LazyTransaction:
         self._conn = conn
         self._options = options
         self._real: Transaction | None = None
-        self._active = False
 
     @property
     def begun(self) -> bool:
         return self._real is not None
 
     async def start(self) -> None:
-        if self._conn._lazy is not None:
+        pending = self._conn._lazy
+        if pending is not None and pending.begun:
             raise asyncpg.InterfaceError("a transaction is already in progress on this connection")
+        # A pending one that never began was dropped by its owner (its
+        # connection broke): nothing to end.
+        self._conn._lazy = self
         isolation = self._options.get("isolation")
         if (
             isolation not in (None, "read_committed")
             or self._options.get("readonly")
             or self._options.get("deferrable")
         ):
-            self._conn._lazy = self
-            self._active = True
             await self.begin()
-            return
-        self._conn._lazy = self
-        self._active = True
 
     async def begin(self) -> None:
         if self._real is None:
@@ -97,7 +95,6 @@ class LazyTransaction:
             if self._real is not None:
                 await getattr(self._real, how)()
         finally:
-            self._active = False
             if self._conn._lazy is self:
                 self._conn._lazy = None
 

@@ -22,6 +22,15 @@ and a statement refused with "database is locked" is tried again after an
 as SQLite's own busy handler would have done, without holding the loop.
 Writers of one process never meet that wait: they queue on the write gate
 (``db/engine.py``) before their first write.
+
+A coroutine that never suspends never lets the loop run anything else, so
+a task with many statements in a row (a pass over every cluster, a page of
+thousands of rows loaded one by one) would hold the loop for all of them,
+and every API request arriving meanwhile would wait that long. So a
+statement first yields to the loop (``asyncio.sleep(0)``) once statements
+have run for ``SLICE_S`` since the last yield: the loop is held at most a
+slice and a statement at a time, as with a database over the network,
+where every statement suspends.
 """
 
 from __future__ import annotations
@@ -35,6 +44,20 @@ from typing import Any
 # How long one try may block the loop inside SQLite's busy handler before
 # the statement is retried from the loop (milliseconds).
 BUSY_SLICE_MS = 5
+# How long statements may run back to back on the loop before one yields.
+SLICE_S = 0.002
+
+
+class _Slice:
+    """When statements last let the loop run (one loop, one thread)."""
+
+    started = 0.0
+
+
+async def _yield_if_due() -> None:
+    if time.perf_counter() - _Slice.started >= SLICE_S:
+        await asyncio.sleep(0)
+        _Slice.started = time.perf_counter()
 
 
 class InlineCursor:
@@ -53,6 +76,7 @@ class InlineCursor:
     async def _retrying(self, call: Callable[[], object]) -> None:
         """Run ``call``; while SQLite says the database is locked (by
         another process), try again after a sleep on the loop."""
+        await _yield_if_due()
         deadline = time.monotonic() + self._timeout_s
         delay = 0.001
         while True:
