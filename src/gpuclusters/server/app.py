@@ -28,7 +28,7 @@ from gpuclusters.core.clientconfig import read_config, write_config
 from gpuclusters.core.models import API_VERSION
 from gpuclusters.providers.registry import ProviderOptions, make_provider
 from gpuclusters.providers.volumes import VolumeStore
-from gpuclusters.server import errors, openapi
+from gpuclusters.server import errors, gc_policy, openapi
 from gpuclusters.server.controllers.access import AccessSync
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.clusters import ClusterReconciler
@@ -254,7 +254,11 @@ def announcement(settings: Settings) -> str:
     )
 
 
-def create_app(settings: Settings | None = None, *, announce: bool = False) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, announce: bool = False, tune_gc: bool = False
+) -> FastAPI:
+    """The app; ``tune_gc`` for the server's own process (``gc_policy``),
+    not for tests that build apps in theirs."""
     settings = settings or Settings()
 
     @contextlib.asynccontextmanager
@@ -291,6 +295,8 @@ def create_app(settings: Settings | None = None, *, announce: bool = False) -> F
             settings.public_url,
             settings.provider,
         )
+        if tune_gc:
+            gc_policy.after_startup()
         if announce:
             print(announcement(settings), file=sys.stderr, flush=True)
         try:

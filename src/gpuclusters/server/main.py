@@ -159,7 +159,7 @@ def run(
     # httpx logs every request at INFO: the Kubernetes layer's polls would
     # drown the log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    app = create_app(settings, announce=announce)
+    app = create_app(settings, announce=announce, tune_gc=True)
     config = uvicorn.Config(
         app,
         host=settings.host,
