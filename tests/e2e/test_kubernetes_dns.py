@@ -413,7 +413,11 @@ def test_kubectl_top(cluster: Cluster, web: dict[str, Any]) -> None:
     def top_nodes() -> dict[str, list[str]] | None:
         r = kubectl(cluster.kubeconfig, "top", "nodes", "--no-headers", check=False)
         rows = {ln.split()[0]: ln.split()[1:] for ln in r.stdout.splitlines() if ln.strip()}
-        return rows if set(rows) == set(cluster.nodes) else None
+        # kubectl lists every node, with "<unknown>" for one metrics-server
+        # has not scraped yet (it scrapes each node every 15 s): wait for
+        # figures on all of them.
+        scraped = all("<unknown>" not in values for values in rows.values())
+        return rows if set(rows) == set(cluster.nodes) and scraped else None
 
     start = time.monotonic()
     rows = wait_for("kubectl top nodes", top_nodes, timeout=120, interval=0.5)

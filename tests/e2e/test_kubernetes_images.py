@@ -199,7 +199,9 @@ def test_kubectl_top_nodes_answers(world: World) -> None:
     def top() -> list[str] | None:
         r = world.kubectl("top", "nodes", "--no-headers")
         rows = [line.split() for line in r.stdout.splitlines() if line.strip()]
-        return rows if r.returncode == 0 and len(rows) == 2 else None
+        # A node metrics-server has not scraped yet reads "<unknown>".
+        scraped = all("<unknown>" not in row for row in rows)
+        return rows if r.returncode == 0 and len(rows) == 2 and scraped else None
 
     rows = wait_for("kubectl top nodes to show both nodes", top, timeout=120, interval=1)
     for name, cpu, _cpu_pct, memory, _mem_pct in rows:
