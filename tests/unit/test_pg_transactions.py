@@ -212,3 +212,12 @@ async def test_connections_stay_pooled(engine: AsyncEngine, url: str) -> None:
         assert len(await _backends_of_two_waves(overflowing, 20)) == 30
     finally:
         await overflowing.dispose()
+
+
+async def test_a_server_side_cursor_begins_the_transaction(engine: AsyncEngine) -> None:
+    # asyncpg refuses a cursor outside a transaction; a plain SELECT streamed
+    # through one must begin it.
+    async with engine.connect() as conn:
+        result = await conn.stream(text("SELECT v FROM t ORDER BY id"))
+        assert [row.v async for row in result] == ["one"]
+        assert await _in_a_transaction(conn)

@@ -116,28 +116,11 @@ class LazyStatement:
             await self._conn._begin_pending()
         return await self._stmt.fetch(*args, **kwargs)
 
-    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
-        if self._transactional:
-            await self._conn._begin_pending()
-        return await self._stmt.fetchrow(*args, **kwargs)
-
-    def cursor(self, *args: Any, **kwargs: Any) -> Any:
-        # asyncpg's cursors live in a transaction: the caller awaits the
-        # cursor factory, so begin first.
-        return _BegunCursor(self._conn, self._stmt.cursor(*args, **kwargs))
-
-
-class _BegunCursor:
-    def __init__(self, conn: LazyBeginConnection, factory: Any) -> None:
-        self._conn = conn
-        self._factory = factory
-
-    def __await__(self) -> Any:
-        async def open_cursor() -> Any:
-            await self._conn._begin_pending()
-            return await self._factory
-
-        return open_cursor().__await__()
+    async def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        # A server-side cursor lives in a transaction (the adapter awaits
+        # this for one).
+        await self._conn._begin_pending()
+        return await self._stmt.cursor(*args, **kwargs)
 
 
 class LazyBeginConnection:
