@@ -73,6 +73,14 @@ class Settings(BaseSettings):
         description="how often nodes' SSH access (keys, members) is checked against the "
         "database; revocations reach every node within this (plus a node round trip)",
     )
+    access_apply_wait_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=120,
+        description="how long an API call that changes SSH access (a key added or deleted, "
+        "a member added or removed, a user deleted) waits for the access sync to push it to "
+        "the clusters before it returns; 0 returns at once",
+    )
 
     # The API over TLS (docs/operators.md "API over TLS"), next to the plain listener on host:port.
     tls: Literal["auto", "on", "off"] = Field(

@@ -88,12 +88,15 @@ class AccessSync:
         return updated
 
     async def run(self) -> None:
-        """Loop until cancelled."""
-        while True:
-            try:
-                await self.pass_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("access sync failed")
-            await self.rt.hints.wait(hints.ACCESS, self.rt.settings.access_sync_interval_s)
+        """Loop until cancelled. Passes are counted (``Hints.passing``), so
+        the API can return a change once a pass after it has pushed it."""
+        with self.rt.hints.worker(hints.ACCESS):
+            while True:
+                with self.rt.hints.passing(hints.ACCESS):
+                    try:
+                        await self.pass_once()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("access sync failed")
+                await self.rt.hints.wait(hints.ACCESS, self.rt.settings.access_sync_interval_s)

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request, Response
 
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
-from gpuclusters.server.controllers import hints
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.routers.paging import PAGED, PageDep, paged_response
 from gpuclusters.server.services import capacity, catalog, tenancy
+from gpuclusters.server.services.access_changes import access_changed
 
 router = APIRouter(prefix="/v1")
 
@@ -113,7 +113,7 @@ async def create_api_key(
     body: api.ApiKeyCreate, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> api.ApiKeyCreated:
     created = await tenancy.create_api_key(session, principal=principal, body=body)
-    rt.hints.notify(hints.ACCESS)  # a new member, or a changed role
+    await access_changed(rt)  # a new member, or a changed role
     return created
 
 
@@ -129,7 +129,7 @@ async def remove_member(
     project: str, user: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> api.ProjectMember:
     removed = await tenancy.remove_member(session, principal=principal, project=project, user=user)
-    rt.hints.notify(hints.ACCESS)
+    await access_changed(rt)
     return removed
 
 
@@ -145,5 +145,5 @@ async def delete_user(
     name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
 ) -> api.User:
     deleted = await tenancy.delete_user(session, principal=principal, name=name)
-    rt.hints.notify(hints.ACCESS)
+    await access_changed(rt)
     return deleted

@@ -3,7 +3,8 @@
 A key belongs to its user alone: nobody, organization admins included,
 sees or deletes another user's keys (another user's key answers 404, like
 one that does not exist). A delete only sets ``deleted_at``; the access
-sync removes the key from nodes. Every change wakes the access sync.
+sync removes the key from nodes. Every change wakes the access sync and
+returns once it has pushed the change (``access_changes``).
 Keys are validated by ``core.sshca.parse_public_key`` and stored without
 their comment; the comment becomes the default name.
 """
@@ -25,10 +26,10 @@ from gpuclusters.core.errors import (
     NotFoundError,
     ValidationError,
 )
-from gpuclusters.server.controllers import hints
 from gpuclusters.server.db.models import SshKey
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services.access_changes import access_changed
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ async def add_key(
         raise AlreadyExistsError(
             f"you already have this key ({key.fingerprint})", field="public_key"
         ) from None
-    rt.hints.notify(hints.ACCESS)
+    await access_changed(rt)
     log.info(
         "ssh key added: user=%s id=%s type=%s fingerprint=%s",
         principal.user_name,
@@ -145,7 +146,7 @@ async def delete_key(
         raise NotFoundError(f"SSH key {key_ref!r} not found", field="id")
     row.deleted_at = datetime.now(UTC)
     await session.commit()
-    rt.hints.notify(hints.ACCESS)
+    await access_changed(rt)
     log.info(
         "ssh key deleted: user=%s id=%s fingerprint=%s",
         principal.user_name,
