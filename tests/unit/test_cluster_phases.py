@@ -242,3 +242,41 @@ async def test_a_step_whose_lease_is_taken_is_cancelled_and_writes_nothing(
         row = await h.cluster(cluster.id)
         assert (row.lock_owner, row.lock_token) == ("other", "theirs")  # not released by us
         assert row.status == "waiting_for_control_plane" and row.retries == 0
+
+
+async def test_full_passes_leave_clusters_waiting_for_nodes_to_their_hints(
+    h: ControllerHarness,
+) -> None:
+    """A cluster that only waits for its nodes is stepped when a node hints
+    it, at a full pass asked for by a hint, and at the periodic sweep, not
+    at every full pass due by the poll interval."""
+    waiting = await h.rows.cluster(status="waiting_for_nodes")
+    await h.rows.node(waiting, phase="bootstrapping")
+    deleting = await h.rows.cluster(status="deleting")
+    await h.rows.node(deleting, phase="draining", to_delete=True)
+    emptied = await h.rows.cluster(status="deleting")  # no node left: its own work
+    control = await h.rows.cluster(status="waiting_for_control_plane")
+    everything = {waiting.id, deleting.id, emptied.id, control.id}
+    own_work = {emptied.id, control.id}
+    c = h.clusters
+
+    async def candidates(*, asked: bool = False) -> set[str]:
+        c.full_pass_asked = asked
+        async with h.rt.sessionmaker() as session:
+            return set(await c.candidates(session))
+
+    assert await candidates() == everything  # a process's first pass sweeps
+    assert await candidates() == own_work
+    assert await candidates(asked=True) == everything
+    assert await candidates() == own_work
+    c._last_sweep -= c.sweep_s  # the sweep is due
+    assert await candidates() == everything
+    # A node's hint names its cluster: a targeted pass takes it.
+    async with h.rt.sessionmaker() as session:
+        assert set(await c.candidates_among(session, {waiting.id})) == {waiting.id}
+    # Configuration to apply is a ready cluster's own work.
+    async with h.rt.sessionmaker() as session:
+        row = await session.get_one(Cluster, waiting.id)
+        row.status, row.config_generation, row.applied_config_generation = "ready", 2, 1
+        await session.commit()
+    assert await candidates() == {*own_work, waiting.id}

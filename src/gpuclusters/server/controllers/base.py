@@ -100,6 +100,10 @@ class Reconciler(ABC):
         self._queue: collections.deque[str] = collections.deque()
         self._last_full = float("-inf")  # when the last full pass ran
         self._deferred: set[str] = set()  # hinted while in flight: look again after
+        # Whether this pass was asked for by a full hint (``Hints.notify``:
+        # "something changed, look at everything"), not only due by the
+        # poll interval; ``candidates`` may look wider then.
+        self.full_pass_asked = False
 
     @abstractmethod
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
@@ -177,10 +181,15 @@ class Reconciler(ABC):
         full_hint, hinted = self.ctx.hints.take(self.name)
         now = time.monotonic()
         full = full_hint or not hinted or now - self._last_full >= self.ctx.interval_s
+        self.full_pass_asked = full_hint
         async with self.ctx.sessionmaker() as session:
             await self.batch_moves(session, None if full else hinted)
             if full:
                 found = set(await self.candidates(session))
+                # A full pass may leave out rows that only hints bring in
+                # (clusters waiting for their nodes): the hinted ones count.
+                if hinted - found:
+                    found |= set(await self.candidates_among(session, hinted - found)) & hinted
             else:
                 found = set(await self.candidates_among(session, hinted)) & hinted
         if full:

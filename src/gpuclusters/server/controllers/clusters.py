@@ -20,9 +20,12 @@ skipped so that the delete finishes (as at once for a forced delete).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 from sqlalchemy import Select, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -43,7 +46,15 @@ from gpuclusters.core.nodeshell import GatewayTarget
 from gpuclusters.layers.base import ClusterLayer, ClusterRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, SteppedReconciler
-from gpuclusters.server.controllers.outcomes import MOVED, WAIT, Outcome, StepFailed, fail, of
+from gpuclusters.server.controllers.outcomes import (
+    MOVED,
+    WAIT,
+    Outcome,
+    StepFailed,
+    fail,
+    moved,
+    of,
+)
 from gpuclusters.server.controllers.refs import cluster_ref, load_cluster_ref, work_probe
 from gpuclusters.server.db.allocation import (
     allocate_nodes,
@@ -58,6 +69,14 @@ from gpuclusters.server.runtime import Runtime
 
 S = ClusterStatus
 _SETTLED = (S.READY.value, S.FAILED.value)
+# Statuses in which a cluster moves only when its nodes do (and its nodes'
+# hints wake it): ``deleting`` while it still has nodes, the rest always.
+_WAITING_ON_NODES = (
+    *_SETTLED,
+    S.WAITING_FOR_NODES.value,
+    S.DELETING.value,
+    S.DEGRADED.value,
+)
 # Statuses in which the preemptible pool grows (the control plane is up).
 RESERVATION_ENDED = "reservation_ended"  # Node.delete_reason
 _ENDING = (BillingType.RESERVED.value, BillingType.SCHEDULED_CAPACITY.value)
@@ -69,6 +88,19 @@ _POOL_STATUSES = (
 )
 
 
+class ClusterNode(NamedTuple):
+    """What a cluster's step reads of each of its live nodes: plain
+    columns, not entities (a cluster is stepped each time a node settles,
+    and building ORM objects for all its nodes was most of that cost)."""
+
+    id: str
+    name: str
+    phase: str
+    compute_class: str
+    to_delete: bool
+    message: str
+
+
 @dataclass(slots=True)
 class ClusterStep:
     """What one step of one cluster sees, loaded afresh for each step."""
@@ -76,7 +108,7 @@ class ClusterStep:
     row_id: str
     token: str
     cluster: Cluster
-    nodes: list[Node]
+    nodes: list[ClusterNode]
     layer: ClusterLayer
     ref: ClusterRef
     overdue: bool = False  # the status's deadline passed
@@ -85,7 +117,7 @@ class ClusterStep:
     def status(self) -> ClusterStatus:
         return S(self.cluster.status)
 
-    def standard_counts(self) -> tuple[list[Node], list[Node], int]:
+    def standard_counts(self) -> tuple[list[ClusterNode], list[ClusterNode], int]:
         """The standard nodes that failed and run, and how many are wanted."""
         standard = [
             n
@@ -106,6 +138,9 @@ class ClusterReconciler(SteppedReconciler):
     # A cluster hears from each of its nodes as it settles; their hints a
     # moment apart make one pass.
     gather_s = 0.2
+    # How often a full pass also looks at clusters that only wait for their
+    # nodes (see ``candidates``); the first pass of a process always does.
+    sweep_s = 30.0
 
     def __init__(self, ctx: ControllerContext, rt: Runtime) -> None:
         super().__init__(ctx)
@@ -114,6 +149,7 @@ class ClusterReconciler(SteppedReconciler):
         # has not yet re-ensured (taken once, by the first pass).
         self._to_verify: set[str] = set()
         self._snapshot_taken = False
+        self._last_sweep = -math.inf
         # One handler per status (deleted and failed have none).
         self.handlers: dict[ClusterStatus, Handler] = {
             S.DELETING: self._deleting,
@@ -132,19 +168,32 @@ class ClusterReconciler(SteppedReconciler):
         return self.rt.settings.cluster_phase_deadlines_s
 
     @staticmethod
-    def _busy() -> Select[str]:
+    def _busy(*, with_waiting: bool = True) -> Select[str]:
         """Live clusters not settled: moving, with a node that is not
-        running (or is going), or with configuration still to apply."""
+        running (or is going), or with configuration still to apply.
+        Without ``with_waiting``, only those with work of their own: not
+        the ones that only wait for their nodes to move (see
+        ``candidates``)."""
         unsettled_node = exists().where(
             Node.cluster_id == Cluster.id,
             Node.deleted_at.is_(None),
             (Node.phase != NodePhase.RUNNING.value) | Node.to_delete,
         )
+        config_due = Cluster.config_generation != Cluster.applied_config_generation
+        if with_waiting:
+            return select(Cluster.id).where(
+                Cluster.deleted_at.is_(None),
+                Cluster.status.not_in(_SETTLED) | unsettled_node | config_due,
+            )
+        live_node = exists().where(Node.cluster_id == Cluster.id, Node.deleted_at.is_(None))
+        # Configuration is applied once usable (a new cluster's counts as
+        # due until then, as its control plane started with it).
+        usable = Cluster.status.in_((S.READY.value, S.DEGRADED.value))
         return select(Cluster.id).where(
             Cluster.deleted_at.is_(None),
-            Cluster.status.not_in(_SETTLED)
-            | unsettled_node
-            | (Cluster.config_generation != Cluster.applied_config_generation),
+            Cluster.status.not_in(_WAITING_ON_NODES)
+            | ((Cluster.status == S.DELETING.value) & ~live_node)
+            | (usable & config_due),
         )
 
     async def candidates_among(self, session: AsyncSession, ids: set[str]) -> Sequence[str]:
@@ -156,7 +205,21 @@ class ClusterReconciler(SteppedReconciler):
         return [*busy, *(ids & (self._to_verify | set(pool) | set(ending)))]
 
     async def candidates(self, session: AsyncSession) -> Sequence[str]:
-        busy = await session.scalars(self._busy())
+        # Clusters that only wait for their nodes (waiting_for_nodes,
+        # deleting while nodes are left, ready or degraded with a node
+        # moving) are woken by their nodes' hints as those settle
+        # (``NodeReconciler.settled`` and ``fail``); a full pass due by the
+        # poll interval looks at them only every ``sweep_s``, one asked for
+        # by a full hint (``Hints.notify``: a node failed by housekeeping, a
+        # repair, a host removed) at once. Hints are this process's, so the
+        # sweep is what catches another replica's moves, a crashed
+        # process's, and deadlines. Stepping every one of them at every
+        # full pass cost as many steps as their nodes' own in a burst.
+        now = time.monotonic()
+        sweep = self.full_pass_asked or now - self._last_sweep >= self.sweep_s
+        busy = await session.scalars(self._busy(with_waiting=sweep))
+        if sweep:
+            self._last_sweep = now
         if not self._snapshot_taken:
             self._to_verify.update(
                 await session.scalars(
@@ -378,7 +441,20 @@ class ClusterReconciler(SteppedReconciler):
 
     async def load(self, row_id: str, token: str) -> ClusterStep:
         async with self.ctx.sessionmaker() as session:
-            cluster, nodes = await self._load(session, row_id)
+            cluster = await session.get_one(Cluster, row_id)
+            nodes = [
+                ClusterNode(*row)
+                for row in await session.execute(
+                    select(
+                        Node.id,
+                        Node.name,
+                        Node.phase,
+                        Node.compute_class,
+                        Node.to_delete,
+                        Node.message,
+                    ).where(Node.cluster_id == row_id, Node.deleted_at.is_(None))
+                )
+            ]
             # SSH access only for the steps that (re)start the login node's sshd.
             brings_up = cluster.status == S.WAITING_FOR_CONTROL_PLANE.value or (
                 cluster.status in (S.READY.value, S.DEGRADED.value) and row_id in self._to_verify
@@ -478,7 +554,8 @@ class ClusterReconciler(SteppedReconciler):
             cluster.deleted_at = utcnow()
             await session.commit()
         self.ctx.hints.notify(hints.VOLUMES)
-        return MOVED
+        # Nothing is left to do: the pass ends (no step to find it deleted).
+        return moved(S.DELETING.value, S.DELETED.value, settled=True)
 
     async def _queued(self, s: ClusterStep) -> Outcome:
         if not s.cluster.nodes_placed:

@@ -254,9 +254,11 @@ class NodeReconciler(SteppedReconciler):
         """The node, its cluster and host, and the refs layers take; None
         for a deleted node."""
         async with self.ctx.sessionmaker() as session:
-            node, cluster, host, id_block = (
+            # The project as an entity: the cluster ref's queries find it in
+            # the session instead of asking the database again.
+            node, cluster, host, project = (
                 await session.execute(
-                    select(Node, Cluster, Host, Project.id_block)
+                    select(Node, Cluster, Host, Project)
                     .join(Cluster, Cluster.id == Node.cluster_id)
                     .join(Project, Project.id == Cluster.project_id)
                     .outerjoin(Host, Host.id == Node.host_id)
@@ -283,7 +285,7 @@ class NodeReconciler(SteppedReconciler):
             node=node,
             cluster=cluster,
             host=host,
-            ids=idblocks.block(id_block, self.rt.settings.id_blocks_start),
+            ids=idblocks.block(project.id_block, self.rt.settings.id_blocks_start),
             layer=self.rt.layer_for(cluster.cluster_type),
             cref=cref,
             nref=node_ref(node, host),
@@ -326,10 +328,12 @@ class NodeReconciler(SteppedReconciler):
             node = await leases.fenced(
                 session, Node, row_id, token=token, ttl_s=self.ctx.lease_ttl_s
             )
-            to_delete = node.to_delete
+            to_delete, cluster_id = node.to_delete, node.cluster_id
         if to_delete:
             raise StepFailed(reason)
         await self._write(row_id, token, phase=P.FAILED, message=reason)
+        # Its cluster counts failed nodes (``settled`` sees no move here).
+        self.ctx.hints.notify_rows(hints.CLUSTERS, [cluster_id])
 
     # -- the way up ------------------------------------------------------------
 

@@ -92,19 +92,22 @@ async def load_cluster_ref(
     queries that only steps setting up sshd need). Without ``users`` the
     members' accounts are left out: taking a node out (cordon, drain,
     remove) needs none, and they cost three queries."""
-    rows = (
-        await session.execute(
-            select(Node, Host)
-            .outerjoin(Host, Host.id == Node.host_id)
-            .where(
-                Node.cluster_id == cluster.id,
-                Node.deleted_at.is_(None),
-                Node.phase.in_(("bootstrapping", "running")),
-            )
-            .order_by(Node.name)
+    # Plain columns, not entities: every step that calls a layer loads the
+    # cluster's nodes, and building ORM objects for them was most of the cost.
+    rows = await session.execute(
+        select(Node.id, Node.name, Host.name, Node.compute_class)
+        .outerjoin(Host, Host.id == Node.host_id)
+        .where(
+            Node.cluster_id == cluster.id,
+            Node.deleted_at.is_(None),
+            Node.phase.in_(("bootstrapping", "running")),
         )
-    ).all()
-    nodes = tuple(node_ref(n, h) for n, h in rows)
+        .order_by(Node.name)
+    )
+    nodes = tuple(
+        NodeRef(node_id=node_id, name=name, host=host or "", compute_class=compute_class)
+        for node_id, name, host, compute_class in rows
+    )
     accounts = await cluster_users(session, cluster) if users or ssh else ()
     ref = cluster_ref(cluster, accounts, nodes)
     project = await session.get_one(Project, cluster.project_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -139,23 +140,27 @@ async def create_cluster(
     project_name: str,
     body: api.ClusterCreate,
 ) -> api.Cluster:
-    view = await _placing(
+    view, cluster_id = await _placing(
         rt,
         session,
         lambda guard: _create_once(
             session, rt=rt, principal=principal, project_name=project_name, body=body, guard=guard
         ),
     )
-    rt.hints.notify(hints.CLUSTERS, hints.NODES, hints.VOLUMES)
+    # The new cluster by name (a full pass of the cluster reconciler also
+    # sweeps the clusters that only wait for their nodes: see its candidates).
+    rt.hints.notify_rows(hints.CLUSTERS, [cluster_id])
+    rt.hints.notify(hints.NODES, hints.VOLUMES)
     return view
 
 
 Guard = Callable[[], AbstractAsyncContextManager[None]]
+_T = TypeVar("_T")
 
 
 async def _placing(
-    rt: Runtime, session: AsyncSession, attempt: Callable[[Guard], Awaitable[api.Cluster]]
-) -> api.Cluster:
+    rt: Runtime, session: AsyncSession, attempt: Callable[[Guard], Awaitable[_T]]
+) -> _T:
     """Run one create/scale transaction; ``attempt`` takes the placement
     guard it is given from its first write to its commit (its checks, which
     only read, go before: under a burst of creates the guard is the queue
@@ -187,7 +192,8 @@ async def _create_once(
     project_name: str,
     body: api.ClusterCreate,
     guard: Guard,
-) -> api.Cluster:
+) -> tuple[api.Cluster, str]:
+    """The new cluster's view and its id."""
     region = body.region or rt.settings.region
     if body.slurm is not None:
         validate_extra_slurm_conf(body.slurm.extra_config)
@@ -228,7 +234,7 @@ async def _create_placed(
     body: api.ClusterCreate,
     region: str,
     volume: Volume,
-) -> api.Cluster:
+) -> tuple[api.Cluster, str]:
     """The writes of a create, under the placement guard, to its commit."""
     await session.flush()
     cluster = Cluster(
@@ -297,7 +303,7 @@ async def _create_placed(
     # was created, not a mix with the controllers' first steps.
     view = await cluster_view(session, cluster, project=project)
     await session.commit()
-    return view
+    return view, cluster.id
 
 
 async def list_clusters(
@@ -341,11 +347,11 @@ async def update_cluster(
     name: str,
     body: api.ClusterUpdate,
 ) -> api.Cluster:
-    async def attempt(guard: Guard) -> api.Cluster:
+    async def attempt(guard: Guard) -> tuple[api.Cluster, str]:
         async with guard():
             return await update_once()
 
-    async def update_once() -> api.Cluster:
+    async def update_once() -> tuple[api.Cluster, str]:
         project = await resolve_project(
             session, principal=principal, name=project_name, need=ProjectRole.ADMIN
         )
@@ -374,10 +380,11 @@ async def update_cluster(
         await session.flush()
         view = await cluster_view(session, cluster, project=project)
         await session.commit()
-        return view
+        return view, cluster.id
 
-    view = await _placing(rt, session, attempt)
-    rt.hints.notify(hints.CLUSTERS, hints.NODES)
+    view, cluster_id = await _placing(rt, session, attempt)
+    rt.hints.notify_rows(hints.CLUSTERS, [cluster_id])
+    rt.hints.notify(hints.NODES)
     return view
 
 
@@ -562,5 +569,6 @@ async def delete_cluster(
     await session.flush()
     view = await cluster_view(session, cluster, project=project)
     await session.commit()
-    rt.hints.notify(hints.CLUSTERS, hints.NODES)
+    rt.hints.notify_rows(hints.CLUSTERS, [cluster.id])
+    rt.hints.notify(hints.NODES)
     return view
