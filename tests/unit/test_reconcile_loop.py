@@ -91,6 +91,46 @@ async def test_rows_without_room_wait_in_order_and_go_by_targeted_passes(
         assert r.targeted and all(len(ids) <= 3 for ids in r.targeted)
 
 
+class HintedOnly(Recording):
+    """Rows a full pass does not list (as clusters that only wait for their
+    nodes): they come in by hints naming them."""
+
+    async def candidates(self, session: AsyncSession) -> Sequence[str]:
+        self.full_scans += 1
+        return []
+
+
+async def test_a_full_pass_keeps_the_hinted_rows_queued_before_it(tmp_path: Path) -> None:
+    async with ControllerHarness.open(tmp_path) as h:
+        cluster = await h.rows.cluster()
+        nodes = [await h.rows.node(cluster) for _ in range(4)]
+        ctx = ControllerContext(
+            sessionmaker=h.rt.sessionmaker,
+            hints=Hints(),
+            owner="loop-test",
+            lease_ttl_s=30.0,
+            interval_s=3600.0,
+            concurrency=1,  # room for 2 claimed rows at a time
+        )
+        r = HintedOnly(ctx, {n.id: i for i, n in enumerate(nodes)})
+        r.start()
+        try:
+            await _until(lambda: r.full_scans == 1)  # the first pass: nothing listed
+            ctx.hints.notify_rows(r.name, [n.id for n in nodes])
+            await _until(lambda: len(r.started) == 1)
+            assert len(r._queue) == 2  # two claimed (one running), two queued
+            ctx.hints.notify(r.name)  # a full pass, which lists none of them
+            await _until(lambda: r.full_scans == 2)
+            for n in range(1, len(nodes) + 1):
+                await _until(lambda n=n: len(r.started) >= n)
+                r.go.set()
+                await _until(lambda n=n: len(r.done) >= n)
+        finally:
+            r.go.set()
+            await r.stop()
+        assert sorted(r.done) == sorted(n.id for n in nodes)
+
+
 async def _until(check: object) -> None:
     """Poll ``check`` for up to 10 s."""
     assert callable(check)

@@ -223,13 +223,21 @@ class Reconciler(ABC):
         # What found no room waits in the queue, in order: each task that
         # ends hands the next ones to a targeted pass (a query for a few ids)
         # rather than a full pass, which with thousands of candidates cost
-        # more than the steps it started. A full pass makes the queue anew.
-        if full:
-            self._queue = collections.deque(eligible)
-        elif eligible:
+        # more than the steps it started. Rows queued before stay queued
+        # behind them, after a full pass too: a full pass may not list a
+        # row that a hint brought in (see ``candidates``), and a row that
+        # needs nothing any more is dropped by the targeted pass it reaches.
+        if eligible or full:
             waiting = set(eligible)
             self._queue = collections.deque(
-                [*eligible, *(row_id for row_id in self._queue if row_id not in waiting)]
+                [
+                    *eligible,
+                    *(
+                        row_id
+                        for row_id in self._queue
+                        if row_id not in waiting and row_id not in self._inflight
+                    ),
+                ]
             )
 
     async def work_on(self, row_id: str) -> bool:

@@ -11,9 +11,12 @@ plane is up, it adds preemptible nodes on spare hosts toward the target
 (``num_preemptible_gpus``) whenever spare capacity appears. Each pass may
 take several steps; every write is fenced by the lease token.
 
-One handler per status (``handlers``), each given a ``ClusterStep`` loaded
-afresh. Every status but the settled ones and ``queued`` has a deadline
-(core/deadlines.py): past it the cluster fails with the reason and its last
+A cluster that only waits for its nodes is woken by their hints as they
+settle, not stepped at every full pass (``candidates``: a sweep every
+``sweep_s`` catches what no hint announced). One handler per status
+(``handlers``), each given a ``ClusterStep`` loaded afresh. Every status
+but the settled ones and ``queued`` has a deadline (core/deadlines.py):
+past it the cluster fails with the reason and its last
 error, except ``deleting``, where a layer delete that still fails is
 skipped so that the delete finishes (as at once for a forced delete).
 """
