@@ -29,6 +29,8 @@ import pytest
 from netlab import Laptop, Outside, sh
 
 from gpuclusters.layers import ssh as ssh_layer
+from gpuclusters.providers.netns.state import ProviderState
+from gpuclusters.server.services.tenancy import ADMIN_USER
 from support.processes import free_port
 
 if TYPE_CHECKING:
@@ -349,7 +351,36 @@ def test_egress_is_switchable_and_clusters_stay_isolated(world: World) -> None:
         assert blocked.returncode != 0, f"a node reached the server's API at {address}"
     assert world.laptop.run("python3", "-c", to_host, world.laptop.gateway,
                             tls_port).returncode == 0  # fmt: skip
-    world.admin("clusters", "delete", "iso", "--wait")
+
+
+def test_an_org_admin_forces_a_delete_from_the_laptop(world: World) -> None:
+    """``clusters delete --force --reason`` as users run it: from the laptop,
+    over TLS, as a non-root account. A project admin is refused and nothing
+    changes; the organization's admin forces it, the reason is kept on the
+    cluster, and the delete finishes with nothing of the cluster left."""
+    state = ProviderState.load(world.server.home / "netns-provider.json")
+    iso = json.loads(world.admin("clusters", "get", "iso", "--output", "json"))
+    names = {n["name"] for n in iso["nodes"]}
+    netns = {r.layout.netns for r in state.nodes.values() if r.name in names}
+    assert netns and netns <= _netns_present()  # so the check at the end can fail
+    ca = f"{world.laptop.home}/ca.pem"
+    for user, home in (("erin", ".erin"), (ADMIN_USER, ".orgadmin")):
+        key = world.api_key(user, "default", "admin")
+        world.ok("login", "--url", _tls_url(world), "--api-key", key, "--ca-file", ca, home=home)
+    refused = world.cli("clusters", "delete", "iso", "--force", "--reason", "stuck", home=".erin")
+    assert refused.returncode != 0 and "admin" in refused.stderr, refused.stderr
+    unchanged = json.loads(world.admin("clusters", "get", "iso", "--output", "json"))
+    assert unchanged["status"] == "ready" and unchanged["force_delete_reason"] is None
+    forced = json.loads(world.ok(
+        "clusters", "delete", "iso", "--force", "--reason", "host pulled for repair",
+        "--output", "json", home=".orgadmin",
+    ))  # fmt: skip
+    assert forced["status"] == "deleting"
+    assert forced["force_delete_reason"] == f"by {ADMIN_USER}: host pulled for repair"
+    world.ok("clusters", "delete", "iso", "--wait", home=".orgadmin", timeout=300)
+    gone = world.cli("clusters", "get", "iso", home=".orgadmin")
+    assert gone.returncode != 0 and "not found" in gone.stderr.lower(), gone.stderr
+    assert not netns & _netns_present()
 
 
 # -- helpers -----------------------------------------------------------------
@@ -388,6 +419,11 @@ def _wait_synced(world: World) -> None:
     while "access of cluster demo updated" not in world.server.log:
         assert time.monotonic() < deadline
         time.sleep(0.5)
+
+
+def _netns_present() -> set[str]:
+    listed = sh("ip", "netns", "list").stdout
+    return {line.split()[0] for line in listed.splitlines() if line.strip()}
 
 
 def _node_address(world: World, cluster: str, node: str) -> str:

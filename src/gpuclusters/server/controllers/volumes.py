@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuclusters.core.enums import VolumeStatus
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
-from gpuclusters.server.db.models import Volume, utcnow
+from gpuclusters.server.db.models import Cluster, Volume, utcnow
 from gpuclusters.server.runtime import Runtime
 
 V = VolumeStatus
@@ -59,5 +59,16 @@ class VolumeReconciler(Reconciler):
             if new_status is V.DELETED:
                 volume.deleted_at = utcnow()
             await session.commit()
-        self.ctx.hints.notify(hints.CLUSTERS)
+            # The clusters that use it, by name: a cluster waiting for its
+            # volume goes on (a full hint would also sweep every cluster
+            # that waits for its nodes, see ClusterReconciler.candidates).
+            users = list(
+                await session.scalars(
+                    select(Cluster.id).where(
+                        Cluster.volume_id == row_id, Cluster.deleted_at.is_(None)
+                    )
+                )
+            )
+        if users:
+            self.ctx.hints.notify_rows(hints.CLUSTERS, users)
         return True
