@@ -75,3 +75,41 @@ def test_the_wait_is_bounded() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(main())
+
+
+def test_access_changed_waits_for_the_sync_unless_told_not_to() -> None:
+    """``services.access_changes``: with ``access_apply_wait_s`` the call
+    returns once a pass after it has ended; with 0, at once (hint only)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from gpuclusters.server.runtime import Runtime
+    from gpuclusters.server.services.access_changes import access_changed
+
+    async def main() -> None:
+        h = Hints()
+        gate = asyncio.Event()
+        task = asyncio.create_task(_worker(h, gate, [0], []))
+        await asyncio.sleep(0)
+        gate.set()  # the first pass ends
+        await asyncio.sleep(0)
+
+        def rt(wait_s: float) -> Runtime:
+            settings = SimpleNamespace(access_apply_wait_s=wait_s)
+            return cast(Runtime, SimpleNamespace(settings=settings, hints=h, node_access=None))
+
+        assert await access_changed(rt(0)) is False  # hinted, not waited for
+        # That hint's pass is under way; the next call waits for the pass after.
+        waiting = asyncio.create_task(access_changed(rt(3600)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gate.set()  # the pass that began before the call ends
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        gate.set()  # the pass that began after it ends
+        assert await asyncio.wait_for(waiting, 10) is True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())

@@ -37,7 +37,6 @@ class Hints:
         self._rows: dict[str, set[str]] = {}
         self._workers: set[str] = set()
         self._started: dict[str, int] = {}
-        self._finished: dict[str, int] = {}
         # Per topic: (pass number, future) of the callers waiting for it.
         self._settling: dict[str, list[tuple[int, asyncio.Future[bool]]]] = {}
 
@@ -100,7 +99,6 @@ class Hints:
         try:
             yield
         finally:
-            self._finished[topic] = number
             waiting = self._settling.get(topic, [])
             for target, fut in waiting:
                 if target <= number and not fut.done():
