@@ -456,6 +456,10 @@ CSV
 """
 
 
+# Where the task writes the GPUs it was given, in the pod.
+GPUS_SEEN = "/tmp/gpc-gpus-seen"
+
+
 def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
     from gpuclusters.imagebuild.catalog import SKYPILOT_VERSION
 
@@ -483,18 +487,22 @@ def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
         # nodes (this machine's 2 CPUs each) cannot offer.
         launched = sky("launch", "-y", "-c", "gpc", "--infra", "k8s", "--gpus", "H100:8",
                        "--cpus", "1", "--memory", "1", "--",
-                       "nvidia-smi -L || echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES",
+                       f"nvidia-smi -L || echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES | tee {GPUS_SEEN}",
                        timeout=900)  # fmt: skip
         out = launched.stdout + launched.stderr
         assert launched.returncode == 0, out
-        found = re.search(r"CUDA_VISIBLE_DEVICES=([0-9,]+)", out)
-        assert found, out
-        assert sorted(found[1].split(","), key=int) == [str(i) for i in range(8)], found[0]
-        assert "SUCCEEDED" in out, out
+        assert "Job finished (status: SUCCEEDED)" in out, out
         pods = json.loads(world.kubectl("get", "pods", "-o", "json").stdout)["items"]
         # SkyPilot names what it makes after the cluster: <name>-<hash>-head.
         sky_pods = [p for p in pods if p["metadata"]["name"].startswith("gpc-")]
         assert sky_pods, [p["metadata"]["name"] for p in pods]
+        # What the task saw, read from the pod, not from `sky launch`'s
+        # streamed output: SkyPilot 0.14.1 can drop a short task's lines from
+        # that stream (docs/ecosystem/skypilot.md, "Known limits").
+        seen = world.kubectl("exec", sky_pods[0]["metadata"]["name"], "--", "cat", GPUS_SEEN)
+        found = re.search(r"CUDA_VISIBLE_DEVICES=([0-9,]+)", seen.stdout)
+        assert found, (seen.stdout, seen.stderr, out)
+        assert sorted(found[1].split(","), key=int) == [str(i) for i in range(8)], found[0]
         assert all(p["spec"]["containers"][0]["image"] == f"localhost/skypilot:{SKYPILOT_VERSION}"
                    for p in sky_pods)  # fmt: skip
         downed = sky("down", "-y", "gpc")
