@@ -98,6 +98,9 @@ class ServerHandle:
                 GPUCLUSTERS_REGISTRY_PORT=str(free_port()),
                 GPUCLUSTERS_REGISTRY_TOKEN_PORT=str(free_port()),
                 GPUCLUSTERS_REGISTRY_SYSTEM_IMAGES='["base", "pause"]',
+                # The metrics database (on where the binary is built) on a
+                # port of this server's own.
+                GPUCLUSTERS_METRICS_DB_PORT=str(free_port()),
             )
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None

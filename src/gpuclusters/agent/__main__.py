@@ -7,7 +7,9 @@ Configuration comes from the environment the provider sets:
 ``GPUCLUSTERS_AGENT_INTERVAL_S`` (heartbeat period, default 5),
 ``GPUCLUSTERS_AGENT_DEVICE_PLUGIN`` ("0" turns the Kubernetes device plugin
 off; it is on by default) and ``GPUCLUSTERS_AGENT_DEVICE_PLUGIN_DIR`` (kubelet's
-device-plugin directory, default /var/lib/kubelet/device-plugins).
+device-plugin directory, default /var/lib/kubelet/device-plugins),
+``GPUCLUSTERS_AGENT_METRICS_PORT`` (the Prometheus endpoint's port on the
+node's address, default 9400; "0" turns it off; ``agent.exporter``).
 
 On a node with GPUs the agent also runs the ``nvidia.com/gpu`` device plugin
 (``gpuclusters.agent.deviceplugin``) in background threads. It waits for
@@ -32,10 +34,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from gpuclusters.agent.exporter import DEFAULT_PORT, AgentCollector, serve_metrics
 from gpuclusters.agent.gpus import GpuBackend
 from gpuclusters.agent.health import NodeWatcher
 from gpuclusters.agent.nvml import detect_backend
@@ -80,6 +83,22 @@ def start_device_plugin(gpus: GpuBackend, devices: object = None) -> DevicePlugi
     return runner
 
 
+def start_metrics(gpus: GpuBackend, node: dict[str, Any]) -> Any:
+    """Serve the node's metrics on its own address (``agent.exporter``);
+    None where turned off or the node has no address. A failure to listen
+    is logged, never fatal: the heartbeat matters more."""
+    port = int(os.environ.get("GPUCLUSTERS_AGENT_METRICS_PORT", str(DEFAULT_PORT)))
+    address = str(node.get("address") or "")
+    if port == 0 or not address:
+        log.info("no metrics endpoint (port %d, address %r)", port, address)
+        return None
+    try:
+        return serve_metrics(AgentCollector(gpus, node), address, port)
+    except OSError as exc:
+        log.error("metrics endpoint on %s:%d failed: %s", address, port, exc)
+        return None
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     node_file = Path(os.environ.get("GPUCLUSTERS_AGENT_NODE_FILE", "/etc/gpuclusters/node.json"))
@@ -102,6 +121,7 @@ def main() -> None:
         transport=httpx.HTTPTransport(uds=sock), base_url="http://control-plane", timeout=5
     )
     plugin = start_device_plugin(gpus, node.get("devices"))
+    metrics = start_metrics(gpus, node)
     watcher = NodeWatcher()
     seq = 0
     while not stop.is_set():
@@ -139,6 +159,8 @@ def main() -> None:
     client.close()
     if plugin is not None:
         plugin.stop()
+    if metrics is not None:
+        metrics.shutdown()
     log.info("agent stopped")
 
 

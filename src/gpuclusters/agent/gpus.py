@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuclusters.agent.dcgm import THERMAL_THROTTLE_MASK, GpuFields
 from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.health.findings import GpuHealth
 from gpuclusters.core.telemetry import GpuSample
@@ -54,6 +55,10 @@ class GpuBackend(Protocol):
 
     def telemetry(self) -> list[GpuSample]:
         """Each present GPU's utilisation, memory in use and temperature now."""
+        ...
+
+    def fields(self) -> list[GpuFields]:
+        """Each present GPU's dcgm-exporter fields now (``agent.dcgm``)."""
         ...
 
 
@@ -138,6 +143,53 @@ class SimulatedGpus:
                     utilization_pct=round(load, 1),
                     memory_used_gib=round(memory * (0.1 + 0.8 * load / 100), 1),
                     temperature_c=round(31 + 0.42 * load, 1),
+                )
+            )
+        return out
+
+    def fields(self, now: float | None = None) -> list[GpuFields]:
+        """:meth:`telemetry`'s load, with power and clocks that follow it, a
+        steady energy counter, and the injected faults (``faults_file``):
+        an injected Xid is the GPU's last Xid, injected double-bit ECC
+        errors its volatile DBE count, an injected thermal fault its
+        thermal throttle bits. What a fault-free simulated GPU reports for
+        errors is 0, as a healthy real GPU does."""
+        from gpuclusters.agent.health import read_faults
+
+        now = time.time() if now is None else now
+        spec = GPU_TYPES.get(self.gpu_type)
+        memory_mib = float(spec.memory_gib if spec else 80) * 1024
+        faults = read_faults(self.faults_file).get("gpus") or {}
+        by_index = {g.index: g for g in self.inventory()}
+        out = []
+        for t in self.telemetry(now):
+            g = by_index[t.index]
+            f = faults.get(str(t.index)) or {}
+            xids = [int(x) for x in f.get("xids", [])]
+            used = t.memory_used_gib * 1024
+            power = round(90 + 6 * t.utilization_pct, 1)
+            out.append(
+                GpuFields(
+                    index=t.index,
+                    uuid=g.uuid,
+                    device=Path(g.device).name,
+                    model=g.name,
+                    util_pct=t.utilization_pct,
+                    mem_copy_util_pct=round(t.utilization_pct * 0.6, 1),
+                    fb_used_mib=round(used),
+                    fb_free_mib=round(memory_mib - used),
+                    temp_c=t.temperature_c,
+                    power_w=power,
+                    # as if the GPU had drawn its mean power since the epoch
+                    energy_mj=round(now * 390 * 1000),
+                    sm_clock_mhz=round(1100 + 8.8 * t.utilization_pct),
+                    mem_clock_mhz=2619,
+                    xid_last=xids[-1] if xids else 0,
+                    ecc_sbe_vol_total=0,
+                    ecc_dbe_vol_total=int(f.get("ecc_dbe", 0)),
+                    pcie_replay_total=0,
+                    nvlink_crc_flit_errors_total=0,
+                    throttle_reasons=THERMAL_THROTTLE_MASK if f.get("thermal") else 0,
                 )
             )
         return out

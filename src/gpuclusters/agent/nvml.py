@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gpuclusters.agent.dcgm import GpuFields
 from gpuclusters.agent.gpus import GpuBackend, GpuInfo, SimulatedGpus
 from gpuclusters.core.health.findings import GpuHealth
 from gpuclusters.core.telemetry import GpuSample
@@ -30,6 +31,14 @@ GIB = 1024**3
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 class NvmlGpus:
@@ -49,6 +58,9 @@ class NvmlGpus:
         # its identity in the inventory (reported absent, not forgotten).
         self._known: dict[int, GpuInfo] = {}
         self._replays: dict[int, tuple[float, int]] = {}
+        # The last Xid of each GPU: health() drains NVML's event set, and the
+        # metrics export (DCGM_FI_DEV_XID_ERRORS) reports what it saw last.
+        self._last_xid: dict[int, int] = {}
         self._watch_xids()
 
     def _read(self, index: int) -> GpuInfo:
@@ -80,6 +92,76 @@ class NvmlGpus:
                 except nvml.NVMLError:
                     continue
                 out.append(GpuSample(i, float(util), round(int(used) / GIB, 2), float(temp)))
+        return out
+
+    def fields(self) -> list[GpuFields]:
+        """dcgm-exporter's fields of each GPU that answers, from the NVML
+        calls DCGM itself makes for them; a call the GPU or driver does not
+        support leaves its field out (None)."""
+        nvml = self._nvml
+        mib = 1024**2
+        out = []
+        with self._lock:
+            for i in range(self.count):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                    minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+                    model = _text(nvml.nvmlDeviceGetName(handle))
+                except nvml.NVMLError:
+                    continue
+
+                def ask(fn: str, *args: Any, handle: Any = handle) -> Any:
+                    try:
+                        return getattr(nvml, fn)(handle, *args)
+                    except (nvml.NVMLError, AttributeError):
+                        return None
+
+                util = ask("nvmlDeviceGetUtilizationRates")
+                mem = ask("nvmlDeviceGetMemoryInfo")
+                power = ask("nvmlDeviceGetPowerUsage")  # mW
+                sbe = ask(
+                    "nvmlDeviceGetTotalEccErrors",
+                    getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0),
+                    getattr(nvml, "NVML_VOLATILE_ECC", 0),
+                )
+                dbe = ask(
+                    "nvmlDeviceGetTotalEccErrors",
+                    getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                    getattr(nvml, "NVML_VOLATILE_ECC", 0),
+                )
+                crc = None
+                for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+                    n = ask(
+                        "nvmlDeviceGetNvLinkErrorCounter",
+                        link,
+                        getattr(nvml, "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2),
+                    )
+                    if n is not None:
+                        crc = (crc or 0) + int(n)
+                out.append(
+                    GpuFields(
+                        index=i,
+                        uuid=uuid,
+                        device=f"nvidia{minor}",
+                        model=model,
+                        util_pct=float(util.gpu) if util is not None else None,
+                        mem_copy_util_pct=float(util.memory) if util is not None else None,
+                        fb_used_mib=round(int(mem.used) / mib) if mem is not None else None,
+                        fb_free_mib=round(int(mem.free) / mib) if mem is not None else None,
+                        temp_c=_num(ask("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)),
+                        power_w=int(power) / 1000 if power is not None else None,
+                        energy_mj=_num(ask("nvmlDeviceGetTotalEnergyConsumption")),
+                        sm_clock_mhz=_num(ask("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)),
+                        mem_clock_mhz=_num(ask("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)),
+                        xid_last=self._last_xid.get(i, 0),
+                        ecc_sbe_vol_total=_num(sbe),
+                        ecc_dbe_vol_total=_num(dbe),
+                        pcie_replay_total=_num(ask("nvmlDeviceGetPcieReplayCounter")),
+                        nvlink_crc_flit_errors_total=crc,
+                        throttle_reasons=_int(ask("nvmlDeviceGetCurrentClocksThrottleReasons")),
+                    )
+                )
         return out
 
     def inventory(self) -> list[GpuInfo]:
@@ -155,6 +237,8 @@ class NvmlGpus:
             nvml, "nvmlClocksThrottleReasonSwThermalSlowdown", 0x20
         )
         replays = ask("nvmlDeviceGetPcieReplayCounter")
+        if xids:
+            self._last_xid[index] = xids[-1]
         now = time.monotonic()
         rate = 0.0
         if replays is not None:

@@ -20,6 +20,7 @@ from gpuclusters.cli import (
     hostagent,
     hosts_add,
     login,
+    metrics,
     nodes,
     org,
     registry,
@@ -40,6 +41,7 @@ app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
 app.command("events")(nodes.events)
 app.command("usage")(usage.usage)
+app.add_typer(metrics.app, name="metrics")
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(org.hosts_app, name="hosts")
 org.hosts_app.command("add")(hosts_add.hosts_add)

@@ -40,6 +40,7 @@ from gpuclusters.client.clusters import ClustersAPI
 from gpuclusters.client.config import ClientConfig
 from gpuclusters.client.errors import UnexpectedResponseError
 from gpuclusters.client.health import AlertsAPI, HealthAPI, RepairsAPI
+from gpuclusters.client.metrics import MetricsAPI
 from gpuclusters.client.nodes import EventsAPI, NodesAPI, UsageAPI
 from gpuclusters.client.org import (
     ApiKeysAPI,
@@ -89,6 +90,7 @@ class Client:
         self.nodes = NodesAPI(self._session)
         self.events = EventsAPI(self._session)
         self.usage = UsageAPI(self._session)
+        self.metrics = MetricsAPI(self._session)
         self.alerts = AlertsAPI(self._session)
         self.repairs = RepairsAPI(self._session)
         self.health = HealthAPI(self._session)

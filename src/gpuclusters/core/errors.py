@@ -69,6 +69,12 @@ class ServerError(GpuClustersError):
     code = "internal"
 
 
+class UnavailableError(ServerError):
+    """A service the server relies on does not answer (503)."""
+
+    code = "unavailable"
+
+
 ERRORS_BY_CODE: dict[str, type[GpuClustersError]] = {
     cls.code: cls
     for cls in (
@@ -82,6 +88,7 @@ ERRORS_BY_CODE: dict[str, type[GpuClustersError]] = {
         InvalidStateError,
         CapacityUnavailableError,
         ServerError,
+        UnavailableError,
     )
 }
 

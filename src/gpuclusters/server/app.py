@@ -42,6 +42,7 @@ from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.hosts import DbHostDirectory
 from gpuclusters.server.db.migrate import upgrade_to_head
 from gpuclusters.server.db.statistics import keep_statistics
+from gpuclusters.server.metrics_db import MetricsDb, MetricsDbError, scrape_token
 from gpuclusters.server.registry_daemon import RegistryDaemon, RegistryError, RegistryRuntime
 from gpuclusters.server.routers import (
     agents,
@@ -50,6 +51,7 @@ from gpuclusters.server.routers import (
     console,
     health,
     hosts,
+    metrics,
     query_params,
     registry,
     ssh_keys,
@@ -130,7 +132,24 @@ async def build_runtime(settings: Settings) -> Runtime:
     async with startup_lock(engine, settings.home):
         rt = await _prepare_runtime(settings, engine)
     rt.registry = await start_registry(settings)
+    rt.metrics_scrape_token = scrape_token(settings.home)
+    rt.metrics_db = await start_metrics_db(settings)
     return rt
+
+
+async def start_metrics_db(settings: Settings) -> MetricsDb | None:
+    """Run the metrics database (docs/metrics.md). One that cannot start is
+    logged, not fatal: the control plane runs without its history, and
+    queries answer 503 until it is back."""
+    if not settings.metrics_db_enabled:
+        return None
+    db = MetricsDb(settings)
+    try:
+        await db.start()
+    except MetricsDbError as exc:
+        log.error("%s", exc)
+        return None
+    return db
 
 
 async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
@@ -312,6 +331,8 @@ def create_app(
             await rt.provider.close()
             if rt.registry is not None:
                 await rt.registry.daemon.stop()
+            if rt.metrics_db is not None:
+                await rt.metrics_db.stop()
             if rt.api_engine is not None:
                 await rt.api_engine.dispose()
             await rt.engine.dispose()
@@ -356,6 +377,7 @@ def create_app(
     for router in (
         console.router,
         system.router,
+        metrics.router,
         catalog.router,
         clusters.router,
         volumes.router,

@@ -27,6 +27,7 @@ HTTP_STATUS: dict[type[e.GpuClustersError], int] = {
     e.NotFoundError: 404,
     e.ConflictError: 409,
     e.ServerError: 500,
+    e.UnavailableError: 503,
 }
 
 

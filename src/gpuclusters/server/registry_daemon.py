@@ -10,10 +10,7 @@ built by ``scripts/build-k8s-addons``); the server only
   ``token`` auth whose realm is this server's ``/v1/registry/token`` and
   whose key set is the one :mod:`security.registry_tokens` signs with;
 * starts it in a session of its own (pid in ``HOME/registry/registry.pid``)
-  and stops it at shutdown. A server killed without a shutdown leaves it
-  running; the next start finds it by its pid file and command line and
-  keeps it when its configuration is unchanged, else replaces it, so there
-  is never more than one;
+  and stops it at shutdown, as ``kept_process`` keeps any such daemon;
 * pushes the project's own images (``scripts/build-images`` leaves them as
   OCI archives in ``images_cache``) into top-level repositories with
   ``skopeo copy``, skipping an image whose manifest is there already.
@@ -32,8 +29,6 @@ import json
 import logging
 import os
 import secrets
-import signal
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -49,6 +44,7 @@ from gpuclusters.layers.kubernetes import images
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR, K8S_VERSION
 from gpuclusters.linux import firewall
 from gpuclusters.linux.run import CommandError, run
+from gpuclusters.server.kept_process import KeptProcess, KeptProcessError
 from gpuclusters.server.security.registry_tokens import ISSUER, SERVICE, RegistryKeys
 from gpuclusters.server.security.tls import ServerTls
 from gpuclusters.server.settings import Settings
@@ -56,8 +52,6 @@ from gpuclusters.server.settings import Settings
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yml"
-PID_FILE = "registry.pid"
-LOG_FILE = "registry.log"
 SECRET_FILE = "http-secret"
 START_TIMEOUT_S = 20.0
 # How often the images cache is looked at for new archives (push_new_images).
@@ -161,24 +155,6 @@ def render_config(settings: Settings, keys: RegistryKeys, tls: ServerTls, secret
     return yaml.safe_dump(config, sort_keys=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
 class RegistryDaemon:
     def __init__(self, settings: Settings, keys: RegistryKeys, tls: ServerTls) -> None:
         self.settings = settings
@@ -186,32 +162,23 @@ class RegistryDaemon:
         self.tls = tls
         self.dir = settings.home / "registry"
         self.config_file = self.dir / CONFIG_FILE
-        self.pid_file = self.dir / PID_FILE
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.process = KeptProcess(
+            "registry",
+            self.dir,
+            [str(settings.registry_bin), "serve", str(self.config_file)],
+            config_file=self.config_file,
+            ready=self._serving,
+            start_timeout_s=START_TIMEOUT_S,
+        )
 
     # -- the process -----------------------------------------------------------
 
     def _secret(self) -> str:
         path = self.dir / SECRET_FILE
         if not path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             replace_atomically(path, secrets.token_hex(32).encode(), mode=0o600)
         return path.read_text().strip()
-
-    def _running_pid(self) -> int | None:
-        """Our registry's pid, if the pid file names a live process running
-        this binary with this configuration file."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        argv = _cmdline(pid)
-        if (
-            _alive(pid)
-            and argv[:1] == [str(self.settings.registry_bin)]
-            and str(self.config_file) in argv
-        ):
-            return pid
-        return None
 
     async def start(self) -> None:
         """Run the registry with the current configuration (idempotent)."""
@@ -223,71 +190,24 @@ class RegistryDaemon:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         await firewall.open_node_services(self.node_ports)
         text = render_config(self.settings, self.keys, self.tls, self._secret())
-        changed = not self.config_file.exists() or self.config_file.read_text() != text
-        if changed:
-            replace_atomically(self.config_file, text.encode(), mode=0o600)
-        pid = self._running_pid()
-        if pid is not None and not changed:
-            log.info("image registry already running (pid %d)", pid)
-            await self._wait_serving()
-            return
-        if pid is not None:
-            await self._terminate(pid)
-        proc = await asyncio.to_thread(self._spawn)
-        replace_atomically(self.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
-        self._proc = proc
-        await self._wait_serving()
-        log.info("image registry (pid %d) serving on %s", proc.pid, self.settings.registry_address)
+        try:
+            started = await self.process.start(text)
+        except KeptProcessError as exc:
+            raise RegistryError(f"the image registry did not start: {exc}") from exc
+        pid = self.process.running_pid()
+        if started:
+            log.info("image registry (pid %s) serving on %s", pid, self.settings.registry_address)
+        else:
+            log.info("image registry already running (pid %s)", pid)
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        with (self.dir / LOG_FILE).open("ab") as log_file:
-            # subprocess, not the event loop's: uvloop's spawn leaves the
-            # server's inheritable listening sockets open in the child, which
-            # would then hold the API's ports after a kill -9 of the server.
-            return subprocess.Popen(
-                [str(self.settings.registry_bin), "serve", str(self.config_file)],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                close_fds=True,
-                # Its own session: a Ctrl-C to the server's terminal does not
-                # reach it; the server stops it itself at shutdown.
-                start_new_session=True,
-            )
-
-    async def _wait_serving(self) -> None:
-        url = f"https://127.0.0.1:{self.settings.registry_port}/v2/"
-        deadline = time.monotonic() + START_TIMEOUT_S
+    async def _serving(self) -> bool:
         # A liveness probe on loopback: the certificate is checked by users
         # and nodes, who reach it by its public name.
+        url = f"https://127.0.0.1:{self.settings.registry_port}/v2/"
         async with httpx.AsyncClient(verify=False, timeout=2.0) as http:
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(url)).status_code == 401:
-                        return
-                if time.monotonic() > deadline:
-                    tail = (self.dir / LOG_FILE).read_text(errors="replace")[-2000:]
-                    raise RegistryError(f"the image registry did not start; its log:\n{tail}")
-                await asyncio.sleep(0.1)
-
-    async def _terminate(self, pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        proc = self._proc
-        if proc is not None and proc.pid == pid:
-            # Our own child: reaped here (else it would stay a zombie).
-            try:
-                await asyncio.to_thread(proc.wait, 5.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                await asyncio.to_thread(proc.wait)
-            return
-        for _ in range(100):
-            if not _alive(pid):
-                return
-            await asyncio.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(httpx.HTTPError):
+                return (await http.get(url)).status_code == 401
+        return False
 
     @property
     def node_ports(self) -> list[int]:
@@ -296,11 +216,8 @@ class RegistryDaemon:
 
     async def stop(self) -> None:
         await firewall.close_node_services(self.node_ports)
-        pid = self._running_pid()
-        if pid is not None:
-            await self._terminate(pid)
+        if await self.process.stop():
             log.info("image registry stopped")
-        self.pid_file.unlink(missing_ok=True)
 
     # -- the project's own images ----------------------------------------------
 

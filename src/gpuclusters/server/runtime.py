@@ -22,6 +22,7 @@ from gpuclusters.layers.slurm.layer import SlurmLayer
 from gpuclusters.providers.base import NodeProvider
 from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server.controllers.hints import Hints
+from gpuclusters.server.metrics_db import MetricsDb
 from gpuclusters.server.registry_daemon import RegistryRuntime
 from gpuclusters.server.settings import Settings
 
@@ -51,6 +52,10 @@ class Runtime:
     nodes_snapshot_taken: bool = False
     # The image registry, where this server runs one (settings.registry_enabled).
     registry: RegistryRuntime | None = None
+    # The metrics database, where this server runs one (settings.metrics_db_enabled),
+    # and the token it scrapes /metrics and the node targets with.
+    metrics_db: MetricsDb | None = None
+    metrics_scrape_token: str | None = None
     # GPU samples from the node agents' heartbeats, for the console's charts.
     telemetry: TelemetryHistory = field(default_factory=TelemetryHistory)
 

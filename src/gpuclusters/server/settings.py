@@ -190,6 +190,57 @@ class Settings(BaseSettings):
             )
         return self.registry == "on"
 
+    # The metrics database (docs/metrics.md).
+    metrics_db: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="run VictoriaMetrics on 127.0.0.1:metrics_db_port, scraping this server "
+        "and every node agent; auto: when the provider's nodes run agents (netns, hosts), "
+        "the binary (scripts/build-k8s-addons) is present and metrics_url is not set",
+    )
+    metrics_url: str | None = Field(
+        default=None,
+        description="a VictoriaMetrics (or Prometheus-compatible) query URL to use instead "
+        "of running one, e.g. the one replica that runs it (docs/ha.md)",
+    )
+    metrics_db_port: int = Field(default=8428, ge=1, le=65535)
+    metrics_db_bin: Path = Field(
+        default=Path("/var/cache/gpuclusters/addons/bin/victoria-metrics"),
+        description="the VictoriaMetrics single-node binary",
+    )
+    metrics_db_dir: Path | None = Field(
+        default=None, description="the metrics database's storage; default: HOME/metrics/data"
+    )
+    metrics_retention: str = Field(
+        default="30d",
+        pattern=r"^[0-9]+[hdwy]?$",
+        description="how long samples are kept (VictoriaMetrics' -retentionPeriod: 30d, 12w, 1y)",
+    )
+    metrics_scrape_interval_s: int = Field(
+        default=15, ge=1, le=3600, description="how often the server and node agents are scraped"
+    )
+    metrics_agent_port: int = Field(
+        default=9400, ge=1, le=65535, description="the node agents' metrics port (dcgm-exporter's)"
+    )
+
+    @property
+    def metrics_db_enabled(self) -> bool:
+        if self.metrics_db == "auto":
+            return (
+                self.metrics_url is None
+                and self.provider in ("netns", "hosts")
+                and self.metrics_db_bin.is_file()
+            )
+        return self.metrics_db == "on"
+
+    @property
+    def metrics_query_url(self) -> str | None:
+        """Where the server asks its PromQL queries (None: no metrics database)."""
+        if self.metrics_url is not None:
+            return self.metrics_url.rstrip("/")
+        if self.metrics_db_enabled:
+            return f"http://127.0.0.1:{self.metrics_db_port}"
+        return None
+
     # Controllers.
     reconcile_interval_s: float = Field(default=2.0, gt=0, description="poll period without hints")
     lease_ttl_s: float = Field(default=30.0, gt=0)

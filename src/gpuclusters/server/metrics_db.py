@@ -1,0 +1,152 @@
+"""The metrics database: VictoriaMetrics single-node, run and kept by the
+server as it keeps the image registry (``kept_process``).
+
+The server writes its scrape configuration (``HOME/metrics/scrape.yml``):
+
+* ``gpuclusters-server``: this server's ``/metrics`` on its loopback
+  listener;
+* ``gpuclusters-nodes``: every node agent, found through the server's HTTP
+  service discovery (``GET /v1/metrics/targets``, labels from the
+  database: ``project_id``, ``project``, ``cluster_id``, ``cluster``,
+  ``node_id``, ``node``, ``host``, ``compute_class``, ``gpu_type``).
+  Target labels win over the agent's own (``honor_labels`` is off), so a
+  node cannot pass its series off as another project's.
+
+Both endpoints answer a bearer token only: the scrape token, a secret in
+``HOME/metrics/scrape-token`` (0600) that the database reads from there.
+
+The database listens on ``127.0.0.1:metrics_db_port`` only: no node and no
+user reaches it. Users query through the API (``/v1/metrics/query``), which
+adds their projects to every selector (``services.metrics``); operators may
+point their own Grafana or Prometheus at it on the server's machine, or at
+the same discovery endpoint (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from pathlib import Path
+
+import httpx
+import yaml
+
+from gpuclusters.core.clientconfig import replace_atomically
+from gpuclusters.server.kept_process import KeptProcess, KeptProcessError
+from gpuclusters.server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SCRAPE_CONFIG = "scrape.yml"
+TOKEN_FILE = "scrape-token"
+SERVER_JOB = "gpuclusters-server"
+NODES_JOB = "gpuclusters-nodes"
+TARGETS_PATH = "/v1/metrics/targets"
+# How often the database asks the server for the node agents (new nodes
+# are scraped within this).
+SD_REFRESH_S = 15
+
+
+class MetricsDbError(RuntimeError):
+    pass
+
+
+def scrape_token(home: Path) -> str:
+    """The scrape token (made at first use)."""
+    directory = home / "metrics"
+    path = directory / TOKEN_FILE
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        replace_atomically(path, secrets.token_urlsafe(32).encode(), mode=0o600)
+    return path.read_text().strip()
+
+
+def _server_address(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "", "localhost") else settings.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{settings.port}"
+
+
+def render_scrape_config(settings: Settings, token_file: Path) -> str:
+    server = _server_address(settings)
+    auth = {"type": "Bearer", "credentials_file": str(token_file)}
+    config = {
+        "global": {"scrape_interval": f"{settings.metrics_scrape_interval_s}s"},
+        "scrape_configs": [
+            {
+                "job_name": SERVER_JOB,
+                "authorization": auth,
+                "static_configs": [{"targets": [server]}],
+            },
+            {
+                "job_name": NODES_JOB,
+                "http_sd_configs": [
+                    {
+                        "url": f"http://{server}{TARGETS_PATH}",
+                        "authorization": auth,
+                    }
+                ],
+            },
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=True)
+
+
+class MetricsDb:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dir = settings.home / "metrics"
+        self.config_file = self.dir / SCRAPE_CONFIG
+        self.url = f"http://127.0.0.1:{settings.metrics_db_port}"
+        data = settings.metrics_db_dir or self.dir / "data"
+        self.process = KeptProcess(
+            "victoria-metrics",
+            self.dir,
+            [
+                str(settings.metrics_db_bin),
+                f"-storageDataPath={data}",
+                f"-retentionPeriod={settings.metrics_retention}",
+                f"-httpListenAddr=127.0.0.1:{settings.metrics_db_port}",
+                f"-promscrape.config={self.config_file}",
+                "-promscrape.config.strictParse=true",
+                f"-promscrape.httpSDCheckInterval={SD_REFRESH_S}s",
+                # Samples are queryable once written, not 30 s later (the
+                # default allows for late pushes; we only scrape).
+                "-search.latencyOffset=1s",
+                "-loggerLevel=WARN",
+            ],
+            config_file=self.config_file,
+            ready=self._ready,
+        )
+
+    async def _ready(self) -> bool:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            with contextlib.suppress(httpx.HTTPError):
+                return (await http.get(f"{self.url}/health")).status_code == 200
+        return False
+
+    async def start(self) -> None:
+        if not self.settings.metrics_db_bin.is_file():
+            raise MetricsDbError(
+                f"{self.settings.metrics_db_bin} is missing: run scripts/build-k8s-addons "
+                "(or set GPUCLUSTERS_METRICS_DB=off)"
+            )
+        token_file = self.dir / TOKEN_FILE
+        scrape_token(self.settings.home)
+        try:
+            started = await self.process.start(render_scrape_config(self.settings, token_file))
+        except KeptProcessError as exc:
+            raise MetricsDbError(f"the metrics database did not start: {exc}") from exc
+        pid = self.process.running_pid()
+        log.info(
+            "metrics database (pid %s) %s on %s",
+            pid,
+            "serving" if started else "already running",
+            self.url,
+        )
+
+    async def stop(self) -> None:
+        if await self.process.stop():
+            log.info("metrics database stopped")

@@ -1,0 +1,196 @@
+"""The metrics API against a real VictoriaMetrics: who may scrape the
+server and the node targets, and PromQL queries confined to the caller's
+projects whatever the query says (services/metrics.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select, update
+
+from gpuclusters.server.db.models import Node, Project
+from gpuclusters.server.settings import Settings
+from support.api import ApiHarness
+from support.processes import free_port
+
+VM_BIN = Settings().metrics_db_bin
+pytestmark = pytest.mark.skipif(
+    not VM_BIN.is_file(), reason="run scripts/build-k8s-addons (VictoriaMetrics) first"
+)
+P = "/v1/projects/default"
+
+
+@pytest.fixture
+def settings_overrides() -> dict[str, Any]:
+    return {"metrics_db": "on", "metrics_db_port": free_port()}
+
+
+async def _key(api: ApiHarness, *, user: str, project: str, role: str = "editor") -> str:
+    r = await api.client.post("/v1/api-keys", json={"user": user, "project": project, "role": role})
+    assert r.status_code == 201, r.text
+    return str(r.json()["key"])
+
+
+async def _project_id(api: ApiHarness, name: str) -> str:
+    async with api.runtime.sessionmaker() as session:
+        pid = await session.scalar(select(Project.id).where(Project.name == name))
+    assert pid
+    return str(pid)
+
+
+async def test_server_metrics_and_targets_are_for_the_scrape_token_and_org_admins(
+    api: ApiHarness,
+) -> None:
+    await api.client.get(f"{P}/clusters")
+    editor = await _key(api, user="ed", project="default")
+    token = api.runtime.metrics_scrape_token
+    assert token and (api.settings.home / "metrics" / "scrape-token").read_text() == token
+    for path in ("/metrics", "/v1/metrics/targets"):
+        async with api.as_key("") as anonymous:
+            anonymous.headers.pop("Authorization")
+            assert (await anonymous.get(path)).status_code == 401, path
+        async with api.as_key(editor) as c:
+            r = await c.get(path)
+            assert r.status_code == 403 and r.json()["code"] == "forbidden", path
+        async with api.as_key("not-the-token") as c:
+            assert (await c.get(path)).status_code == 401, path
+        async with api.as_key(token) as c:
+            assert (await c.get(path)).status_code == 200, path
+        assert (await api.client.get(path)).status_code == 200, path
+    metrics = (await api.client.get("/metrics")).text
+    assert 'route="/v1/projects/{project}/clusters"' in metrics
+
+
+async def test_targets_list_running_nodes_with_their_labels(api: ApiHarness) -> None:
+    r = await api.client.post(
+        f"{P}/clusters", json={"name": "m1", "cluster_type": "slurm", "num_gpus": 16}
+    )
+    assert r.status_code == 201, r.text
+    await api.wait_cluster("m1", {"ready"})
+    assert (await api.client.get("/v1/metrics/targets")).json() == [], (
+        "the fake provider's nodes have no address, so no agent to scrape"
+    )
+    async with api.runtime.sessionmaker() as session, session.begin():
+        names = sorted((await session.scalars(select(Node.name))).all())
+        for i, name in enumerate(names):
+            await session.execute(
+                update(Node).where(Node.name == name).values(address=f"10.231.9.{10 + i}")
+            )
+    found = (await api.client.get("/v1/metrics/targets")).json()
+    port = api.settings.metrics_agent_port
+    assert [t["targets"] for t in found] == [[f"10.231.9.{10 + i}:{port}"] for i in range(2)]
+    labels = found[0]["labels"]
+    assert labels["project"] == "default" and labels["cluster"] == "m1"
+    assert labels["project_id"] == await _project_id(api, "default")
+    assert labels["node"] == names[0] and labels["gpu_type"] and labels["host"]
+    # a node being released is no longer scraped
+    async with api.runtime.sessionmaker() as session, session.begin():
+        await session.execute(update(Node).where(Node.name == names[0]).values(phase="releasing"))
+    assert [t["labels"]["node"] for t in (await api.client.get("/v1/metrics/targets")).json()] == [
+        names[1]
+    ]
+
+
+def _import(url: str, lines: list[str]) -> None:
+    r = httpx.post(f"{url}/api/v1/import/prometheus", content="\n".join(lines) + "\n", timeout=10)
+    assert r.status_code == 204, r.text
+
+
+async def _series(client: httpx.AsyncClient, expr: str, **params: str) -> list[dict[str, str]]:
+    r = await client.get("/v1/metrics/query", params={"query": expr, **params})
+    assert r.status_code == 200, r.text
+    return [item["metric"] for item in r.json()["data"]["result"]]
+
+
+async def test_queries_see_only_the_callers_projects(api: ApiHarness) -> None:
+    assert (await api.client.post("/v1/projects", json={"name": "other"})).status_code == 201
+    a, b = await _project_id(api, "default"), await _project_id(api, "other")
+    alice = await _key(api, user="alice", project="default")
+    bob = await _key(api, user="bob", project="other")
+    url = api.settings.metrics_query_url
+    assert url is not None
+    now = int(time.time() * 1000)
+    _import(url, [
+        f'DCGM_FI_DEV_GPU_UTIL{{project_id="{a}",project="default",cluster="ca",gpu="0"}} 71 {now}',
+        f'DCGM_FI_DEV_GPU_UTIL{{project_id="{b}",project="other",cluster="cb",gpu="0"}} 42 {now}',
+        f'gpuclusters_fleet_nodes{{phase="running"}} 3 {now}',  # the server's: no project
+    ])  # fmt: skip
+    deadline = time.monotonic() + 30
+    imported = '{__name__=~"DCGM_FI_DEV_GPU_UTIL|gpuclusters_fleet_nodes"}'
+    while len(await _series(api.client, imported)) < 3:
+        assert time.monotonic() < deadline, "VictoriaMetrics never showed the imported series"
+        await asyncio.sleep(0.2)
+
+    # Without the server in between, anyone reaching the database reads
+    # project "default"'s series by naming them: the boundary is the API.
+    async with httpx.AsyncClient() as http:
+        direct = await http.get(
+            f"{url}/api/v1/query", params={"query": 'DCGM_FI_DEV_GPU_UTIL{cluster="ca"}'}
+        )
+    assert [m["metric"]["project"] for m in direct.json()["data"]["result"]] == ["default"]
+
+    async with api.as_key(bob) as c:
+        assert await _series(c, 'DCGM_FI_DEV_GPU_UTIL{cluster="ca"}') == []
+        assert await _series(c, f'DCGM_FI_DEV_GPU_UTIL{{project_id="{a}"}}') == []
+        assert {m["project"] for m in await _series(c, '{__name__=~".+"}')} == {"other"}
+        # a function over another project's series, a label rewrite, a join
+        assert await _series(c, 'sum by (cluster) (DCGM_FI_DEV_GPU_UTIL{cluster="ca"})') == []
+        rewritten = 'label_replace(DCGM_FI_DEV_GPU_UTIL, "project_id", "x", "", "")'
+        assert {m.get("project") for m in await _series(c, rewritten)} == {"other"}
+        r = await c.get("/v1/metrics/query", params={"query": "up", "project": "default"})
+        assert r.status_code == 404 and r.json()["field"] == "project"
+        r = await c.get(
+            "/v1/metrics/query_range",
+            params={"query": 'DCGM_FI_DEV_GPU_UTIL{cluster="ca"}', "start": str(now / 1000 - 60),
+                    "step": "15s"},
+        )  # fmt: skip
+        assert r.status_code == 200 and r.json()["data"] == {"resultType": "matrix", "result": []}
+    async with api.as_key(alice) as c:
+        assert [m["cluster"] for m in await _series(c, "DCGM_FI_DEV_GPU_UTIL")] == ["ca"]
+        assert await _series(c, "gpuclusters_fleet_nodes") == [], "operator series"
+        r = await c.get(
+            "/v1/metrics/query_range",
+            params={"query": "DCGM_FI_DEV_GPU_UTIL", "start": str(now / 1000 - 60),
+                    "end": str(now / 1000 + 1), "step": "15s"},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert [x["metric"]["cluster"] for x in r.json()["data"]["result"]] == ["ca"]
+    # organization admins are operators: everything
+    everything = await _series(api.client, '{__name__=~".+"}')
+    assert {m.get("project") for m in everything if "project" in m} == {"default", "other"}
+    assert "gpuclusters_fleet_nodes" in {m["__name__"] for m in everything}
+    assert [m["cluster"] for m in await _series(api.client, "DCGM_FI_DEV_GPU_UTIL",
+                                                 project="other")] == ["cb"]  # fmt: skip
+
+
+async def test_bad_queries_are_refused_with_the_field_named(api: ApiHarness) -> None:
+    for expr in ("", "sum(", "rate(x[5m]"):
+        r = await api.client.get("/v1/metrics/query", params={"query": expr})
+        assert r.status_code == 422, (expr, r.text)
+        assert r.json()["field"] == "query", r.text
+
+
+async def test_no_metrics_database_is_a_clear_conflict(tmp_path: Path) -> None:
+    from gpuclusters.server.app import create_app
+    from support.api import make_settings
+
+    settings = make_settings(tmp_path / "home", None, metrics_db="off")
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        from gpuclusters.core.clientconfig import read_config
+
+        key = read_config(settings.home).api_key
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://testserver",
+            headers={"Authorization": f"Bearer {key}"},
+        ) as client:
+            r = await client.get("/v1/metrics/query", params={"query": "up"})
+    assert r.status_code == 409, r.text
+    assert r.json()["code"] == "invalid_state"
+    assert "GPUCLUSTERS_METRICS_DB" in r.json()["message"]
