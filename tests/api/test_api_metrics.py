@@ -194,3 +194,44 @@ async def test_no_metrics_database_is_a_clear_conflict(tmp_path: Path) -> None:
     assert r.status_code == 409, r.text
     assert r.json()["code"] == "invalid_state"
     assert "GPUCLUSTERS_METRICS_DB" in r.json()["message"]
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+async def test_server_metrics_count_the_fleet(api: ApiHarness) -> None:
+    from gpuclusters.server import fleet_metrics
+
+    r = await api.client.post(
+        f"{P}/clusters", json={"name": "f1", "cluster_type": "slurm", "num_gpus": 16}
+    )
+    assert r.status_code == 201, r.text
+    await api.wait_cluster("f1", {"ready"})
+    async with api.runtime.sessionmaker() as session:
+        await fleet_metrics.refresh(session)
+    text = (await api.client.get("/metrics")).text
+    assert _sample(text, "gpuclusters_nodes", phase="running", compute_class="standard") == 2
+    assert _sample(text, "gpuclusters_clusters", status="ready") == 1
+    types = {t["name"]: t for t in (await api.client.get("/v1/gpu-types")).json()}
+    h100 = types["H100_SXM"]["total_hosts"] * 8
+    assert _sample(text, "gpuclusters_gpus", gpu_type="H100_SXM", state="standard") == 16
+    assert _sample(text, "gpuclusters_gpus", gpu_type="H100_SXM", state="free") == h100 - 16
+    # the reconcilers' own: a pass ran, nothing is left waiting
+    assert (_sample(text, "gpuclusters_reconcile_last_full_pass_timestamp_seconds",
+                    controller="nodes") or 0) > time.time() - 3600  # fmt: skip
+    assert _sample(text, "gpuclusters_reconcile_queue", controller="nodes") == 0
+    # deleted: counted no more (the label set is cleared, not left at 2)
+    assert (await api.client.delete(f"{P}/clusters/f1")).status_code in (200, 202)
+    await api.wait_cluster("f1", {"gone"})
+    async with api.runtime.sessionmaker() as session:
+        await fleet_metrics.refresh(session)
+    text = (await api.client.get("/metrics")).text
+    assert _sample(text, "gpuclusters_nodes", phase="running", compute_class="standard") is None
+    assert _sample(text, "gpuclusters_gpus", gpu_type="H100_SXM", state="free") == h100

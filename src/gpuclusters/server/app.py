@@ -42,6 +42,7 @@ from gpuclusters.server.db.engine import make_engine, make_sessionmaker
 from gpuclusters.server.db.hosts import DbHostDirectory
 from gpuclusters.server.db.migrate import upgrade_to_head
 from gpuclusters.server.db.statistics import keep_statistics
+from gpuclusters.server.fleet_metrics import keep_fleet_metrics
 from gpuclusters.server.metrics_db import MetricsDb, MetricsDbError, scrape_token
 from gpuclusters.server.registry_daemon import RegistryDaemon, RegistryError, RegistryRuntime
 from gpuclusters.server.routers import (
@@ -295,6 +296,7 @@ def create_app(
         statistics = asyncio.create_task(
             keep_statistics(rt.engine, rt.settings.statistics_interval_s), name="statistics"
         )
+        fleet_gauges = asyncio.create_task(keep_fleet_metrics(rt), name="fleet-metrics")
         # SSH access on nodes follows the database (providers with nodes only).
         access_sync = (
             asyncio.create_task(AccessSync(rt).run(), name="access-sync")
@@ -322,7 +324,9 @@ def create_app(
             yield
         finally:
             background = [
-                t for t in (housekeeping, statistics, access_sync, image_pushes) if t is not None
+                t
+                for t in (housekeeping, statistics, fleet_gauges, access_sync, image_pushes)
+                if t is not None
             ]
             for task in background:
                 task.cancel()

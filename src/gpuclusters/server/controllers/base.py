@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuclusters.core.deadlines import backoff_s
@@ -67,6 +67,20 @@ log = logging.getLogger(__name__)
 
 STEPS = Counter("gpuclusters_reconcile_steps_total", "Reconcile runs", ["controller", "result"])
 STEP_SECONDS = Histogram("gpuclusters_reconcile_seconds", "Reconcile run time", ["controller"])
+QUEUED = Gauge(
+    "gpuclusters_reconcile_queue",
+    "Rows that need work and found no room in the last pass",
+    ["controller"],
+)
+INFLIGHT = Gauge("gpuclusters_reconcile_inflight", "Steps running now", ["controller"])
+CANDIDATES = Gauge(
+    "gpuclusters_reconcile_candidates", "Rows that needed work at the last pass", ["controller"]
+)
+LAST_FULL_PASS = Gauge(
+    "gpuclusters_reconcile_last_full_pass_timestamp_seconds",
+    "When the last full pass ran (lag: time() minus this)",
+    ["controller"],
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +208,8 @@ class Reconciler(ABC):
                 found = set(await self.candidates_among(session, hinted)) & hinted
         if full:
             self._last_full = now
+            LAST_FULL_PASS.labels(self.name).set_to_current_time()
+        CANDIDATES.labels(self.name).set(len(found))
         ids = sorted(found, key=self.rank)
         # Round robin: start after the row claimed last.
         start = next((i for i, row_id in enumerate(ids) if self.rank(row_id) > self._last_rank), 0)
@@ -239,6 +255,8 @@ class Reconciler(ABC):
                     ),
                 ]
             )
+        QUEUED.labels(self.name).set(len(self._queue))
+        INFLIGHT.labels(self.name).set(len(self._inflight))
 
     async def work_on(self, row_id: str) -> bool:
         """Claim one row and run a pass on it exactly as the loop would

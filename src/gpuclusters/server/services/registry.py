@@ -20,6 +20,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 
+from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -86,6 +87,13 @@ async def caller_for(
     )
 
 
+REGISTRY_TOKENS = Counter(
+    "gpuclusters_registry_tokens_total",
+    "Registry tokens issued, by the most they allow (push, pull or none)",
+    ["access"],
+)
+
+
 async def issue_token(
     session: AsyncSession,
     keys: RegistryKeys,
@@ -97,6 +105,9 @@ async def issue_token(
     if service not in (None, "", SERVICE):
         raise AuthenticationError(f"this server issues tokens for {SERVICE!r} only")
     caller = await caller_for(session, keys, basic_credentials(authorization))
-    access = [g.claim() for g in grants(caller, parse_scopes(scopes))]
-    token, now = keys.mint(subject=caller.subject, access=access)
+    given = grants(caller, parse_scopes(scopes))
+    token, now = keys.mint(subject=caller.subject, access=[g.claim() for g in given])
+    granted = {action for g in given for action in g.actions}
+    # A push token is what a push starts with: pushes and pulls per kind.
+    REGISTRY_TOKENS.labels("push" if "push" in granted else "pull" if granted else "none").inc()
     return IssuedToken(token=token, issued_at=now, expires_in=TOKEN_TTL_S)
