@@ -5,6 +5,8 @@ projects whatever the query says (services/metrics.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -235,3 +237,89 @@ async def test_server_metrics_count_the_fleet(api: ApiHarness) -> None:
     text = (await api.client.get("/metrics")).text
     assert _sample(text, "gpuclusters_nodes", phase="running", compute_class="standard") is None
     assert _sample(text, "gpuclusters_gpus", gpu_type="H100_SXM", state="free") == h100
+
+
+def _firing(node: dict[str, Any], name: str, starts: str, ends: str) -> dict[str, Any]:
+    return {
+        "labels": {"alertname": name, "severity": "critical", "node_id": node["id"],
+                   "project_id": node["project_id"], "node": node["name"]},
+        "annotations": {"summary": f"GPU 3 of {node['name']} reported Xid 79"},
+        "startsAt": starts,
+        "endsAt": ends,
+    }  # fmt: skip
+
+
+async def test_alerts_from_the_rule_engine_become_node_events_once_per_firing(
+    api: ApiHarness,
+) -> None:
+    r = await api.client.post(
+        f"{P}/clusters", json={"name": "al", "cluster_type": "slurm", "num_gpus": 8}
+    )
+    assert r.status_code == 201, r.text
+    await api.wait_cluster("al", {"ready"})
+    async with api.runtime.sessionmaker() as session:
+        row = (await session.scalars(select(Node))).one()
+        node = {"id": row.id, "project_id": row.project_id, "name": row.name}
+    path = "/v1/metrics/alerts/api/v2/alerts"
+    editor = await _key(api, user="ed", project="default")
+    token = api.runtime.metrics_scrape_token
+    assert token
+    # vmalert's times: nanoseconds, Z
+    firing = [_firing(node, "GpuXidError", "2026-01-01T00:00:00.123456789Z",
+                      "2999-01-01T00:00:00Z")]  # fmt: skip
+    async with api.as_key(editor) as c:
+        assert (await c.post(path, json=firing)).status_code == 403, "users may not post alerts"
+
+    async def events() -> list[dict[str, Any]]:
+        listed = (await api.client.get(f"{P}/events", params={"limit": 1000})).json()
+        return [e for e in listed if e["reason"] == "GpuXidError"]
+
+    async with api.as_key(token) as c:
+        r = await c.post(path, json=firing)
+        assert r.status_code == 200 and r.json() == {"recorded": 1}, r.text
+        # vmalert resends a firing alert: still one event, counted once
+        assert (await c.post(path, json=firing)).json() == {"recorded": 0}
+        [event] = await events()
+        assert event["count"] == 1 and event["node"] == node["name"]
+        assert "reported Xid 79" in event["message"] and "metrics alert" in event["message"]
+        # resolved: nothing more; another project's label: ignored
+        resolved = [_firing(node, "GpuXidError", "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z")]
+        assert (await c.post(path, json=resolved)).json() == {"recorded": 0}
+        forged = [_firing({**node, "project_id": "x" * 32}, "GpuEccDoubleBit",
+                          "2026-01-01T00:00:00Z", "2999-01-01T00:00:00Z")]  # fmt: skip
+        assert (await c.post(path, json=forged)).json() == {"recorded": 0}
+        # a later firing of the same alert is a new occurrence
+        again = [_firing(node, "GpuXidError", "2999-01-01T00:00:00Z", "2999-01-02T00:00:00Z")]
+        assert (await c.post(path, json=again)).json() == {"recorded": 1}
+        [event] = await events()
+        assert event["count"] == 2
+        # a fleet alert (no node) is logged, not an event
+        fleet = [
+            {"labels": {"alertname": "ReconcileLag", "controller": "nodes"},
+             "annotations": {"summary": "lag"}, "startsAt": "2026-01-01T00:00:00Z"}
+        ]  # fmt: skip
+        assert (await c.post(path, json=fleet)).json() == {"recorded": 0}
+        assert (await c.post(path, json={"not": "a list"})).status_code == 422
+
+
+def _dashboard_queries() -> list[str]:
+    root = Path(__file__).resolve().parents[2] / "dashboards"
+    boards = sorted(root.glob("*.json"))
+    assert boards
+    return [
+        t["expr"]
+        for board in boards
+        for panel in json.loads(board.read_text())["panels"]
+        for t in panel["targets"]
+    ]
+
+
+async def test_the_dashboards_queries_parse(api: ApiHarness) -> None:
+    """Every query of the Grafana dashboards in dashboards/ is accepted by
+    the metrics database (with their variables filled in)."""
+    exprs = _dashboard_queries()
+    assert len(exprs) >= 10
+    for expr in exprs:
+        filled = re.sub(r"\$[a-z]+", "1", expr)
+        r = await api.client.get("/v1/metrics/query", params={"query": filled})
+        assert r.status_code == 200, (expr, r.text)

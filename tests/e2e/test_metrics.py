@@ -172,6 +172,35 @@ spec:
     world.kubectl("delete", "pod", "gpu-user", "--now")
 
 
+def test_an_injected_fault_fires_its_alert_as_an_event(world: World) -> None:
+    assert world.job_id, "needs the cluster of the tests before"
+    nodes = json.loads(world.ok("alice", "nodes", "list", "--cluster", "met", "-o", "json"))
+    node = nodes[0]["name"]
+    # Xid 13 (an application's fault): the health checks warn, nothing repairs.
+    world.admin("nodes", "inject-fault", node, "--kind", "xid", "--code", "13", "--gpu", "3")
+    try:
+        xid = world.server.wait_for(
+            "the Xid in the metrics",
+            lambda: world.series("alice", f'DCGM_FI_DEV_XID_ERRORS{{node="{node}",gpu="3"}} > 0'),
+            timeout=60,
+            interval=2,
+        )
+        assert len(xid) == 1
+
+        def fired() -> list[dict[str, Any]]:
+            listed = json.loads(world.ok("alice", "events", "-o", "json"))
+            return [e for e in listed if e["reason"] == "GpuXidError" and e["node"] == node]
+
+        [event] = world.server.wait_for("the GpuXidError event", fired, timeout=90, interval=2)
+        assert "reported Xid 13" in event["message"], event
+        # the alert is a series of the project's too
+        alerts = world.series("alice", 'ALERTS{alertname="GpuXidError",alertstate="firing"}')
+        assert {a["node"] for a in alerts} == {node}
+        assert world.series("bob", 'ALERTS{alertname="GpuXidError"}') == []
+    finally:
+        world.admin("nodes", "inject-fault", node, "--kind", "clear")
+
+
 def test_metrics_need_a_key_and_the_history_outlives_a_restart(world: World) -> None:
     assert world.job_id, "needs the cluster of the tests before"
     laptop = world.laptop

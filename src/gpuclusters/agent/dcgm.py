@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuclusters.core.telemetry import THERMAL_THROTTLE_MASK
+
+__all__ = ["FIELDS", "THERMAL_THROTTLE_MASK", "Field", "GpuFields"]
+
 
 @dataclass(frozen=True, slots=True)
 class GpuFields:
@@ -97,7 +101,3 @@ FIELDS: tuple[Field, ...] = (
         "Current clock throttle reasons (bit mask).",
     ),
 )
-
-# NVML's clocks-event-reason bits for thermal slowdown (software and
-# hardware), which an alert on throttling looks for.
-THERMAL_THROTTLE_MASK = 0x20 | 0x40

@@ -21,6 +21,10 @@ MAX_SAMPLES = 360
 # forgotten, so the history stays bounded in nodes too, not only per node.
 FORGET_AFTER_S = 3600.0
 METRICS = ("utilization_pct", "memory_used_gib", "temperature_c")
+# NVML's clocks-event-reason bits for thermal slowdown (software 0x20 and
+# hardware 0x40): the metrics' DCGM_FI_DEV_CLOCK_THROTTLE_REASONS and the
+# alert on throttling look for these.
+THERMAL_THROTTLE_MASK = 0x20 | 0x40
 
 
 @dataclass(frozen=True, slots=True)

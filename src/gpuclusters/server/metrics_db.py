@@ -12,7 +12,13 @@ The server writes its scrape configuration (``HOME/metrics/scrape.yml``):
   Target labels win over the agent's own (``honor_labels`` is off), so a
   node cannot pass its series off as another project's.
 
-Both endpoints answer a bearer token only: the scrape token, a secret in
+The rule engine (vmalert, ``metrics_rules``) evaluates the alert rules
+against the database and posts what fires to the server's receiver
+(``/v1/metrics/alerts/api/v2/alerts``, Alertmanager's API), which records
+an event on the node, and to the operator's own Alertmanagers
+(``metrics_alertmanager_urls``).
+
+The endpoints answer a bearer token only: the scrape token, a secret in
 ``HOME/metrics/scrape-token`` (0600) that the database reads from there.
 
 The database listens on ``127.0.0.1:metrics_db_port`` only: no node and no
@@ -34,11 +40,15 @@ import yaml
 
 from gpuclusters.core.clientconfig import replace_atomically
 from gpuclusters.server.kept_process import KeptProcess, KeptProcessError
+from gpuclusters.server.metrics_rules import render_rules
 from gpuclusters.server.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SCRAPE_CONFIG = "scrape.yml"
+RULES_FILE = "rules.yml"
+# Where vmalert posts alerts: it appends Alertmanager's /api/v2/alerts.
+ALERTS_RECEIVER_PATH = "/v1/metrics/alerts"
 TOKEN_FILE = "scrape-token"
 SERVER_JOB = "gpuclusters-server"
 NODES_JOB = "gpuclusters-nodes"
@@ -46,6 +56,13 @@ TARGETS_PATH = "/v1/metrics/targets"
 # How often the database asks the server for the node agents (new nodes
 # are scraped within this).
 SD_REFRESH_S = 15
+
+
+async def _healthy(url: str) -> bool:
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        with contextlib.suppress(httpx.HTTPError):
+            return (await http.get(f"{url}/health")).status_code == 200
+    return False
 
 
 class MetricsDbError(RuntimeError):
@@ -100,6 +117,7 @@ class MetricsDb:
         self.dir = settings.home / "metrics"
         self.config_file = self.dir / SCRAPE_CONFIG
         self.url = f"http://127.0.0.1:{settings.metrics_db_port}"
+        self.alert_url = f"http://127.0.0.1:{settings.metrics_alert_port}"
         data = settings.metrics_db_dir or self.dir / "data"
         self.process = KeptProcess(
             "victoria-metrics",
@@ -120,12 +138,41 @@ class MetricsDb:
             config_file=self.config_file,
             ready=self._ready,
         )
+        token_file = self.dir / TOKEN_FILE
+        notifiers = [f"http://{_server_address(settings)}{ALERTS_RECEIVER_PATH}"]
+        notifiers += settings.metrics_alertmanager_urls
+        self.alerting = KeptProcess(
+            "vmalert",
+            self.dir,
+            [
+                str(settings.metrics_alert_bin),
+                f"-rule={self.dir / RULES_FILE}",
+                f"-datasource.url={self.url}",
+                # Alert state as ALERTS series in the database, restored
+                # from there after a restart (no alert fires twice).
+                f"-remoteWrite.url={self.url}",
+                f"-remoteRead.url={self.url}",
+                f"-httpListenAddr=127.0.0.1:{settings.metrics_alert_port}",
+                f"-evaluationInterval={settings.metrics_scrape_interval_s}s",
+                # Evaluate at now (the default looks 30 s back for late pushes).
+                "-rule.evalDelay=0s",
+                "-rule.resendDelay=5m",
+                *(f"-notifier.url={url}" for url in notifiers),
+                # The token for the server's receiver; the operator's own
+                # Alertmanagers get none ("" for each).
+                f"-notifier.bearerTokenFile={token_file}",
+                *("-notifier.bearerTokenFile=" for _ in settings.metrics_alertmanager_urls),
+                "-loggerLevel=WARN",
+            ],
+            config_file=self.dir / RULES_FILE,
+            ready=self._alerting_ready,
+        )
 
     async def _ready(self) -> bool:
-        async with httpx.AsyncClient(timeout=2.0) as http:
-            with contextlib.suppress(httpx.HTTPError):
-                return (await http.get(f"{self.url}/health")).status_code == 200
-        return False
+        return await _healthy(self.url)
+
+    async def _alerting_ready(self) -> bool:
+        return await _healthy(self.alert_url)
 
     async def start(self) -> None:
         if not self.settings.metrics_db_bin.is_file():
@@ -135,10 +182,22 @@ class MetricsDb:
             )
         token_file = self.dir / TOKEN_FILE
         scrape_token(self.settings.home)
+        rules = render_rules(
+            interval_s=self.settings.metrics_scrape_interval_s,
+            idle_gpu_h=self.settings.metrics_idle_gpu_h,
+        )
         try:
             started = await self.process.start(render_scrape_config(self.settings, token_file))
         except KeptProcessError as exc:
             raise MetricsDbError(f"the metrics database did not start: {exc}") from exc
+        if self.settings.metrics_alert_bin.is_file():
+            try:
+                await self.alerting.start(rules)
+            except KeptProcessError as exc:
+                # The history matters more than its alerts: keep the database.
+                log.error("the metrics rule engine did not start: %s", exc)
+        else:
+            log.warning("%s is missing: no metrics alerts", self.settings.metrics_alert_bin)
         pid = self.process.running_pid()
         log.info(
             "metrics database (pid %s) %s on %s",
@@ -148,5 +207,6 @@ class MetricsDb:
         )
 
     async def stop(self) -> None:
+        await self.alerting.stop()
         if await self.process.stop():
             log.info("metrics database stopped")

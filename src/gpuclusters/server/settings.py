@@ -221,6 +221,24 @@ class Settings(BaseSettings):
     metrics_agent_port: int = Field(
         default=9400, ge=1, le=65535, description="the node agents' metrics port (dcgm-exporter's)"
     )
+    metrics_alert_port: int = Field(
+        default=8880, ge=1, le=65535, description="the rule engine's (vmalert's) port on 127.0.0.1"
+    )
+    metrics_alert_bin: Path = Field(
+        default=Path("/var/cache/gpuclusters/addons/bin/vmalert"),
+        description="VictoriaMetrics' rule engine (vmalert), run next to the database",
+    )
+    metrics_idle_gpu_h: float = Field(
+        default=4.0,
+        gt=0,
+        description="hours a GPU a job or pod holds may show 0 % utilisation before "
+        "GpuAllocatedIdle fires",
+    )
+    metrics_alertmanager_urls: list[str] = Field(
+        default_factory=list,
+        description="Alertmanagers of the operator's own that the alerts also go to "
+        '(JSON list, e.g. ["http://alertmanager:9093"])',
+    )
 
     @property
     def metrics_db_enabled(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -41,6 +41,19 @@ async def scrape_targets(
     format: the scrape token or an organization admin's key."""
     await metrics.authorize_scrape(session, rt, _key(credentials))
     return await metrics.scrape_targets(session, rt)
+
+
+@router.post("/v1/metrics/alerts/api/v2/alerts")
+async def receive_alerts(
+    session: SessionDep,
+    rt: RuntimeDep,
+    credentials: Credentials,
+    alerts: Annotated[list[dict[str, Any]], Body()],
+) -> dict[str, int]:
+    """Alertmanager's v2 API, for the metrics rule engine (the scrape token
+    or an organization admin's key): firing alerts on nodes become events."""
+    await metrics.authorize_scrape(session, rt, _key(credentials))
+    return {"recorded": await metrics.receive_alerts(session, alerts)}
 
 
 @router.get("/v1/metrics/query")

@@ -27,6 +27,9 @@ narrows a query to one project the caller is a member of.
 from __future__ import annotations
 
 import hmac
+import logging
+import re
+from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlencode
 
@@ -41,10 +44,13 @@ from gpuclusters.core.errors import (
     UnavailableError,
     ValidationError,
 )
-from gpuclusters.server.db.models import Cluster, Host, Node, Project
+from gpuclusters.server.db.models import Cluster, Host, Node, NodeEvent, Project
+from gpuclusters.server.db.records import record_event
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services import tenancy
+
+log = logging.getLogger(__name__)
 
 # Phases in which a node's agent runs and answers scrapes.
 SCRAPED_PHASES = (
@@ -69,6 +75,59 @@ async def authorize_scrape(session: AsyncSession, rt: Runtime, key: str | None) 
         )
     principal = await tenancy.authenticate(session, key=key)
     tenancy.require_org_admin(principal, "the server's metrics")
+
+
+def _instant(value: object) -> datetime | None:
+    """Alertmanager's RFC 3339 times (vmalert writes nanoseconds; Python
+    reads microseconds)."""
+    if not isinstance(value, str) or not value:
+        return None
+    text = re.sub(r"(\.\d{6})\d+", r"\1", value.replace("Z", "+00:00"))
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+async def receive_alerts(session: AsyncSession, alerts: list[dict[str, Any]]) -> int:
+    """Alerts the rule engine posts (Alertmanager's v2 API): each firing
+    alert on a node becomes an event on it (reason: the alert's name), once
+    per firing; the count of events recorded. Resolved alerts add nothing
+    (the event stays as the record). Fleet alerts, on no node, go to the log."""
+    now = datetime.now(UTC)
+    recorded = 0
+    for alert in alerts:
+        labels = alert.get("labels") or {}
+        name = str(labels.get("alertname") or "")[:32]
+        ends = _instant(alert.get("endsAt"))
+        if not name or (ends is not None and ends <= now):
+            continue
+        starts = _instant(alert.get("startsAt")) or now
+        summary = str((alert.get("annotations") or {}).get("summary") or name)
+        node_id = labels.get("node_id")
+        if not node_id:
+            log.warning("metrics alert %s (%s): %s", name, labels.get("severity", ""), summary)
+            continue
+        node = await session.get(Node, str(node_id))
+        if (
+            node is None
+            or node.deleted_at is not None
+            or node.project_id != labels.get("project_id")
+        ):
+            continue
+        last = await session.scalar(
+            select(NodeEvent.timestamp).where(
+                NodeEvent.node_id == node.id, NodeEvent.reason == name
+            )
+        )
+        if last is not None and last >= starts:
+            continue  # this firing is recorded already (vmalert resends it)
+        severity = labels.get("severity", "")
+        await record_event(session, node, name, f"{summary} (metrics alert, {severity})")
+        recorded += 1
+    await session.commit()
+    return recorded
 
 
 async def scrape_targets(session: AsyncSession, rt: Runtime) -> list[dict[str, Any]]:
