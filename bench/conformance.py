@@ -168,6 +168,7 @@ def main() -> int:
             "GPUCLUSTERS_REGISTRY_PORT": str(free_port()),
             "GPUCLUSTERS_REGISTRY_TOKEN_PORT": str(free_port()),
             "GPUCLUSTERS_METRICS_DB_PORT": str(free_port()),
+            "GPUCLUSTERS_METRICS_ALERT_PORT": str(free_port()),
         },
     )
     cluster_path: str | None = f"{P}/clusters/{CLUSTER}"

@@ -29,7 +29,7 @@ P = "/v1/projects/default"
 
 @pytest.fixture
 def settings_overrides() -> dict[str, Any]:
-    return {"metrics_db": "on", "metrics_db_port": free_port()}
+    return {"metrics_db": "on", "metrics_db_port": free_port(), "metrics_alert_port": free_port()}
 
 
 async def _key(api: ApiHarness, *, user: str, project: str, role: str = "editor") -> str:
@@ -323,3 +323,74 @@ async def test_the_dashboards_queries_parse(api: ApiHarness) -> None:
         filled = re.sub(r"\$[a-z]+", "1", expr)
         r = await api.client.get("/v1/metrics/query", params={"query": filled})
         assert r.status_code == 200, (expr, r.text)
+
+
+async def test_console_charts_read_the_database(api: ApiHarness) -> None:
+    """The node, cluster and job views' charts come from the metrics
+    database (so they survive restarts and agree between replicas), only
+    the job's own GPUs on a job's, and another project's member gets none."""
+    r = await api.client.post(
+        f"{P}/clusters", json={"name": "ch", "cluster_type": "slurm", "num_gpus": 16}
+    )
+    assert r.status_code == 201, r.text
+    await api.wait_cluster("ch", {"ready"})
+    async with api.runtime.sessionmaker() as session:
+        rows = (await session.scalars(select(Node).order_by(Node.name))).all()
+        nodes = [(n.id, n.name, n.cluster_id, n.project_id) for n in rows]
+    url = api.settings.metrics_query_url
+    assert url is not None
+    now = int(time.time())
+    lines = []
+    for at in range(now - 600, now + 1, 15):
+        for node_id, name, cluster_id, pid in nodes:
+            for gpu in range(8):
+                job = ',slurm_job_id="7"' if name == nodes[1][1] and gpu in (2, 5) else ""
+                base = (f'node_id="{node_id}",node="{name}",cluster_id="{cluster_id}",'
+                        f'project_id="{pid}",gpu="{gpu}"{job}')  # fmt: skip
+                util = 90 if job else 10
+                lines += [
+                    f"DCGM_FI_DEV_GPU_UTIL{{{base}}} {util} {at * 1000}",
+                    f"DCGM_FI_DEV_FB_USED{{{base}}} 2048 {at * 1000}",
+                    f"DCGM_FI_DEV_GPU_TEMP{{{base}}} 40 {at * 1000}",
+                    f"DCGM_FI_DEV_POWER_USAGE{{{base}}} 300 {at * 1000}",
+                ]
+    _import(url, lines)
+    deadline = time.monotonic() + 30
+    while len(await _series(api.client, 'DCGM_FI_DEV_POWER_USAGE{slurm_job_id="7"}')) < 2:
+        assert time.monotonic() < deadline, "VictoriaMetrics never showed the imported series"
+        await asyncio.sleep(0.2)
+
+    transport = httpx.ASGITransport(app=api.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as browser:
+        assert (await browser.post("/login", data={"api_key": api.admin_key})).status_code == 303
+        node = (await browser.get(f"/projects/default/nodes/{nodes[1][1]}/telemetry")).json()
+        assert node["gpus"] == [f"GPU {g}" for g in range(8)]
+        assert len(node["t"]) >= 30, "about 10 minutes of 15 s samples"
+        assert node["utilization_pct"][2][-1] == 90 and node["utilization_pct"][0][-1] == 10
+        assert node["memory_used_gib"][0][-1] == 2
+        cluster = (await browser.get("/projects/default/clusters/ch/telemetry")).json()
+        assert cluster["gpus"] == sorted(n[1] for n in nodes)
+        # node 1: 2 GPUs at 90, 6 at 10 -> mean 30
+        assert cluster["utilization_pct"][cluster["gpus"].index(nodes[1][1])][-1] == 30
+        job = (await browser.get("/projects/default/clusters/ch/workloads/telemetry",
+                                 params={"job": "7"})).json()  # fmt: skip
+        assert job["gpus"] == [f"{nodes[1][1]} GPU 2", f"{nodes[1][1]} GPU 5"]
+        assert job["t"][0] <= now - 600 and job["t"][-1] >= now - 15, "its whole lifetime"
+        assert {v for column in job["power_w"] for v in column if v is not None} == {300}
+        page = (await browser.get("/projects/default/clusters/ch")).text
+        assert 'href="/projects/default/clusters/ch/workloads?job=7"' in page
+        view = await browser.get("/projects/default/clusters/ch/workloads", params={"job": "7"})
+        assert view.status_code == 200 and "Slurm job 7" in view.text
+        assert "/workloads/telemetry?job=7" in view.text
+        nothing = (await browser.get("/projects/default/clusters/ch/workloads/telemetry",
+                                     params={"job": "8"})).json()  # fmt: skip
+        assert nothing["t"] == [] and nothing["gpus"] == []
+
+    # another project's member sees neither the cluster nor its series
+    assert (await api.client.post("/v1/projects", json={"name": "other"})).status_code == 201
+    bob = await _key(api, user="bob", project="other")
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as browser:
+        assert (await browser.post("/login", data={"api_key": bob})).status_code == 303
+        r = await browser.get("/projects/default/clusters/ch/workloads/telemetry",
+                              params={"job": "7"})  # fmt: skip
+        assert r.status_code == 404

@@ -456,7 +456,8 @@ CSV
 """
 
 
-# Where the task writes the GPUs it was given, in the pod.
+# The task (what the GPUs it was given are) and where it writes that, in the pod.
+GPU_TASK = "nvidia-smi -L || echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 GPUS_SEEN = "/tmp/gpc-gpus-seen"
 
 
@@ -487,7 +488,7 @@ def test_skypilot_launches_a_gpu_task_and_cleans_up(world: World) -> None:
         # nodes (this machine's 2 CPUs each) cannot offer.
         launched = sky("launch", "-y", "-c", "gpc", "--infra", "k8s", "--gpus", "H100:8",
                        "--cpus", "1", "--memory", "1", "--",
-                       f"nvidia-smi -L || echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES | tee {GPUS_SEEN}",
+                       f"{GPU_TASK} | tee {GPUS_SEEN}",
                        timeout=900)  # fmt: skip
         out = launched.stdout + launched.stderr
         assert launched.returncode == 0, out

@@ -98,9 +98,12 @@ class ServerHandle:
                 GPUCLUSTERS_REGISTRY_PORT=str(free_port()),
                 GPUCLUSTERS_REGISTRY_TOKEN_PORT=str(free_port()),
                 GPUCLUSTERS_REGISTRY_SYSTEM_IMAGES='["base", "pause"]',
-                # The metrics database (on where the binary is built) on a
-                # port of this server's own.
+                # The metrics database (on where the binary is built) and its
+                # rule engine on ports of this server's own, scraping every
+                # 5 s so that charts fill within a test's patience.
                 GPUCLUSTERS_METRICS_DB_PORT=str(free_port()),
+                GPUCLUSTERS_METRICS_ALERT_PORT=str(free_port()),
+                GPUCLUSTERS_METRICS_SCRAPE_INTERVAL_S="5",
             )
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None

@@ -53,9 +53,6 @@ TOKEN_FILE = "scrape-token"
 SERVER_JOB = "gpuclusters-server"
 NODES_JOB = "gpuclusters-nodes"
 TARGETS_PATH = "/v1/metrics/targets"
-# How often the database asks the server for the node agents (new nodes
-# are scraped within this).
-SD_REFRESH_S = 15
 
 
 async def _healthy(url: str) -> bool:
@@ -129,7 +126,8 @@ class MetricsDb:
                 f"-httpListenAddr=127.0.0.1:{settings.metrics_db_port}",
                 f"-promscrape.config={self.config_file}",
                 "-promscrape.config.strictParse=true",
-                f"-promscrape.httpSDCheckInterval={SD_REFRESH_S}s",
+                # New nodes are scraped within a scrape interval of appearing.
+                f"-promscrape.httpSDCheckInterval={settings.metrics_scrape_interval_s}s",
                 # Samples are queryable once written, not 30 s later (the
                 # default allows for late pushes; we only scrape).
                 "-search.latencyOffset=1s",

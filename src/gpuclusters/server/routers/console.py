@@ -16,6 +16,7 @@ API's own words.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +36,7 @@ from gpuclusters.core.errors import (
     ConflictError,
     GpuClustersError,
     NotFoundError,
+    UnavailableError,
     ValidationError,
 )
 from gpuclusters.core.health.catalog import ACTIVE_CHECKS
@@ -45,6 +47,7 @@ from gpuclusters.server.services import (
     catalog,
     clusters,
     credentials,
+    gpu_charts,
     health,
     nodes,
     tenancy,
@@ -225,7 +228,12 @@ def _gone(request: Request, who: SignedIn, what: str) -> Response:
 
 @router.get("/projects/{project}/clusters/{name}", response_class=HTMLResponse)
 async def cluster_page(
-    request: Request, project: str, name: str, session: SessionDep, who: SignedInDep
+    request: Request,
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
 ) -> Response:
     try:
         view = await clusters.get_cluster(
@@ -247,6 +255,12 @@ async def cluster_page(
         include_resolved=False,
     ):  # fmt: skip
         open_alerts[a.node] = open_alerts.get(a.node, 0) + 1
+    workloads: dict[str, list[dict[str, str]]] | None = None
+    if rt.settings.metrics_query_url is not None:
+        with contextlib.suppress(UnavailableError):
+            workloads = await gpu_charts.workloads(
+                session, rt, principal=who.principal, project=project, cluster=name
+            )
     return _page(
         request,
         "cluster.html",
@@ -255,6 +269,7 @@ async def cluster_page(
         cluster=view,
         events=events.items,
         open_alerts=open_alerts,
+        workloads=workloads,
         can_admin=_is_admin(project, await tenancy.list_projects(session, principal=who.principal)),
         error=request.query_params.get("error"),
     )
@@ -369,9 +384,76 @@ async def node_page(
 async def node_telemetry(
     project: str, name: str, session: SessionDep, who: SignedInDep, rt: RuntimeDep
 ) -> dict[str, Any]:
-    """The node's recent GPU samples for its charts (uPlot's columns)."""
+    """The node's GPUs over the last 30 minutes for its charts (uPlot's
+    columns): from the metrics database where there is one, else from the
+    heartbeats this replica has seen."""
+    if rt.settings.metrics_query_url is not None:
+        node = await nodes.get_node(session, principal=who.principal, project_name=project,
+                                    name=name)  # fmt: skip
+        with contextlib.suppress(UnavailableError):
+            return await gpu_charts.node_chart(
+                session, rt, principal=who.principal, project=project, cluster=node.cluster,
+                node=name,
+            )  # fmt: skip
     return await nodes.telemetry(
         session, rt=rt, principal=who.principal, project_name=project, name=name
+    )
+
+
+@router.get("/projects/{project}/clusters/{name}/telemetry")
+async def cluster_telemetry(
+    project: str, name: str, session: SessionDep, who: SignedInDep, rt: RuntimeDep
+) -> dict[str, Any]:
+    """The cluster's nodes (each node's GPUs' mean) over the last hour."""
+    return await gpu_charts.cluster_chart(
+        session, rt, principal=who.principal, project=project, cluster=name
+    )
+
+
+@router.get("/projects/{project}/clusters/{name}/workloads/telemetry")
+async def workload_telemetry(
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    rt: RuntimeDep,
+    job: Annotated[str | None, Query(description="a Slurm job id")] = None,
+    pod: Annotated[str | None, Query(description="NAMESPACE/NAME")] = None,
+) -> dict[str, Any]:
+    """A Slurm job's or pod's GPUs over its lifetime."""
+    return await gpu_charts.workload_chart(
+        session, rt, principal=who.principal, project=project, cluster=name, job=job, pod=pod
+    )
+
+
+@router.get("/projects/{project}/clusters/{name}/workloads", response_class=HTMLResponse)
+async def workload_page(
+    request: Request,
+    project: str,
+    name: str,
+    session: SessionDep,
+    who: SignedInDep,
+    job: Annotated[str | None, Query()] = None,
+    pod: Annotated[str | None, Query()] = None,
+) -> HTMLResponse:
+    """A job view: the GPU utilisation, memory and power of exactly the GPUs
+    a Slurm job (``?job=ID``) or pod (``?pod=NAMESPACE/NAME``) ran on."""
+    view = await clusters.get_cluster(
+        session, principal=who.principal, project_name=project, name=name
+    )
+    if (job is None) == (pod is None):
+        raise ValidationError("give one of job (a Slurm job id) or pod (NAMESPACE/NAME)",
+                              field="job")  # fmt: skip
+    query = urlencode({"job": job} if job is not None else {"pod": pod})
+    return _page(
+        request,
+        "workload.html",
+        who,
+        project=project,
+        cluster=view,
+        job=job,
+        pod=pod,
+        data_url=f"/projects/{project}/clusters/{name}/workloads/telemetry?{query}",
     )
 
 

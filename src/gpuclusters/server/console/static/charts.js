@@ -1,6 +1,7 @@
-// The node page's GPU charts: uPlot over /projects/P/nodes/N/telemetry,
-// refreshed every 5 s. One line per GPU; the data are the server's bounded
-// history of the agent's heartbeats (core/telemetry.py).
+// GPU charts (node, cluster and job pages): uPlot over the #charts
+// element's data-url, refreshed every 5 s. One line per series: a GPU
+// (numbers from the heartbeats' history, core/telemetry.py) or a label the
+// metrics database's series got (services/gpu_charts.py).
 (function () {
   "use strict";
   const root = document.getElementById("charts");
@@ -19,7 +20,7 @@
     }
     if (!plot) {
       const series = [{}].concat(data.gpus.map((g, i) => ({
-        label: "GPU " + g, stroke: palette[i % palette.length], width: 1.5,
+        label: typeof g === "number" ? "GPU " + g : g, stroke: palette[i % palette.length], width: 1.5,
       })));
       plot = new uPlot({ title: el.dataset.title, width: width, height: 220, series: series }, columns, el);
       plots.set(metric, plot);
