@@ -435,6 +435,35 @@ async def idle_cpu(fleet: Fleet, seconds: float) -> None:
         print(f"idle CPU, server {i}: {share:.1f}% of a core over {wall:.0f} s")
 
 
+async def metrics_endpoint(api: Api, samples: int) -> None:
+    """The server's /metrics at this fleet: answer time (serial GETs with
+    the admin key) and size, and how long the server takes to count the
+    fleet for its gauges (server/fleet_metrics.py, every 15 s)."""
+    took = []
+    body = ""
+    for _ in range(samples):
+        t = time.perf_counter()
+        r = await api.call("GET", "/metrics")
+        took.append(time.perf_counter() - t)
+        r.raise_for_status()
+        body = r.text
+    refresh_sum = refresh_count = 0.0
+    nodes = 0.0
+    for line in body.splitlines():
+        if line.startswith("gpuclusters_fleet_metrics_refresh_seconds_sum"):
+            refresh_sum = float(line.split()[-1])
+        elif line.startswith("gpuclusters_fleet_metrics_refresh_seconds_count"):
+            refresh_count = float(line.split()[-1])
+        elif line.startswith("gpuclusters_nodes{"):
+            nodes += float(line.split()[-1])
+    refresh = f"{1000 * refresh_sum / refresh_count:.1f} ms" if refresh_count else "n/a"
+    print(
+        f"/metrics: {ms(took)} over {samples} GETs, {len(body) / 1024:.0f} KiB; "
+        f"it counts {nodes:.0f} nodes; fleet count every 15 s: mean {refresh} "
+        f"({refresh_count:.0f} refreshes)"
+    )
+
+
 async def one_node_change(api: Api, engine: AsyncEngine, name: str, nodes: int) -> None:
     """Scale one cluster down by a node, then up again (a full fleet has no
     spare host for a scale-up alone): each until the cluster has that many
@@ -530,6 +559,7 @@ async def run_db(kind: str, args: argparse.Namespace) -> None:
             if not args.skip_steady:
                 await asyncio.sleep(5)  # let the last passes settle
                 await idle_cpu(fleet, args.idle_s)
+                await metrics_endpoint(api, 50)
                 meter.reset()
                 # The client's own full collections (60 ms here) would stop
                 # its loop and count as the server's latency.

@@ -300,6 +300,18 @@ async def test_alerts_from_the_rule_engine_become_node_events_once_per_firing(
         ]  # fmt: skip
         assert (await c.post(path, json=fleet)).json() == {"recorded": 0}
         assert (await c.post(path, json={"not": "a list"})).status_code == 422
+        odd = [
+            {"labels": "x"},
+            {
+                "labels": {
+                    "alertname": "A",
+                    "node_id": node["id"],
+                    "project_id": node["project_id"],
+                },
+                "annotations": 3,
+            },
+        ]
+        assert (await c.post(path, json=odd)).json() == {"recorded": 1}, "a malformed one skipped"
 
 
 def _dashboard_queries() -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,6 +200,29 @@ def test_an_injected_fault_fires_its_alert_as_an_event(world: World) -> None:
         assert world.series("bob", 'ALERTS{alertname="GpuXidError"}') == []
     finally:
         world.admin("nodes", "inject-fault", node, "--kind", "clear")
+
+
+PROBE = """gw=$(ip route | awk '/default/ {print $3; exit}')
+for p in %s; do
+  if timeout 3 bash -c "exec 3<>/dev/tcp/$gw/$p" 2>/dev/null
+  then echo "$p open"; else echo "$p closed"; fi
+done"""
+
+
+def test_nodes_cannot_reach_the_metrics_database(world: World) -> None:
+    """A node (as its root) reaches the server's machine on the registry's
+    port, which shows the probe finds an open port, and not on the metrics
+    database's or the rule engine's; the server's machine itself does."""
+    assert world.job_id, "needs the cluster of the tests before"
+    env = world.server.env
+    ports = [env["GPUCLUSTERS_REGISTRY_PORT"], env["GPUCLUSTERS_METRICS_DB_PORT"],
+             env["GPUCLUSTERS_METRICS_ALERT_PORT"]]  # fmt: skip
+    out = world.admin("clusters", "ssh", "met", "--as-root", "--", "bash", "-c",
+                      PROBE % " ".join(ports))  # fmt: skip
+    assert f"{ports[0]} open" in out, out
+    assert f"{ports[1]} closed" in out and f"{ports[2]} closed" in out, out
+    with socket.create_connection(("127.0.0.1", int(ports[1])), timeout=3):
+        pass  # the database does listen, on the server's loopback
 
 
 def test_metrics_need_a_key_and_the_history_outlives_a_restart(world: World) -> None:

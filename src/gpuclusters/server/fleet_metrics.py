@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from prometheus_client import Gauge
+from prometheus_client import Gauge, Histogram
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -38,6 +38,9 @@ GPUS = Gauge(
     ["gpu_type", "state"],
 )
 HOST_AGENTS = Gauge("gpuclusters_host_agents", "Hosts with a host agent", ["status"])
+REFRESH_SECONDS = Histogram(
+    "gpuclusters_fleet_metrics_refresh_seconds", "Time to count the fleet for these gauges"
+)
 
 
 def _set(gauge: Gauge, rows: Iterable[Sequence[Any]]) -> None:
@@ -110,8 +113,9 @@ async def keep_fleet_metrics(rt: Runtime, interval_s: float = INTERVAL_S) -> Non
     tried again at the next interval."""
     while True:
         try:
-            async with rt.sessionmaker() as session:
-                await refresh(session)
+            with REFRESH_SECONDS.time():
+                async with rt.sessionmaker() as session:
+                    await refresh(session)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -98,13 +98,18 @@ async def receive_alerts(session: AsyncSession, alerts: list[dict[str, Any]]) ->
     now = datetime.now(UTC)
     recorded = 0
     for alert in alerts:
-        labels = alert.get("labels") or {}
+        labels = alert.get("labels")
+        annotations = alert.get("annotations")
+        if not isinstance(labels, dict):
+            continue  # not an alert
+        if not isinstance(annotations, dict):
+            annotations = {}
         name = str(labels.get("alertname") or "")[:32]
         ends = _instant(alert.get("endsAt"))
         if not name or (ends is not None and ends <= now):
             continue
         starts = _instant(alert.get("startsAt")) or now
-        summary = str((alert.get("annotations") or {}).get("summary") or name)
+        summary = str(annotations.get("summary") or name)
         node_id = labels.get("node_id")
         if not node_id:
             log.warning("metrics alert %s (%s): %s", name, labels.get("severity", ""), summary)
