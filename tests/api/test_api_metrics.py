@@ -356,7 +356,7 @@ async def test_console_charts_read_the_database(api: ApiHarness) -> None:
     for at in range(now - 600, now + 1, 15):
         for node_id, name, cluster_id, pid in nodes:
             for gpu in range(8):
-                job = ',slurm_job_id="7"' if name == nodes[1][1] and gpu in (2, 5) else ""
+                job = ',slurm_job="7"' if name == nodes[1][1] and gpu in (2, 5) else ""
                 base = (f'node_id="{node_id}",node="{name}",cluster_id="{cluster_id}",'
                         f'project_id="{pid}",gpu="{gpu}"{job}')  # fmt: skip
                 util = 90 if job else 10
@@ -368,7 +368,7 @@ async def test_console_charts_read_the_database(api: ApiHarness) -> None:
                 ]
     _import(url, lines)
     deadline = time.monotonic() + 30
-    while len(await _series(api.client, 'DCGM_FI_DEV_POWER_USAGE{slurm_job_id="7"}')) < 2:
+    while len(await _series(api.client, 'DCGM_FI_DEV_POWER_USAGE{slurm_job="7"}')) < 2:
         assert time.monotonic() < deadline, "VictoriaMetrics never showed the imported series"
         await asyncio.sleep(0.2)
 

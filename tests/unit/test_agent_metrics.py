@@ -134,9 +134,9 @@ def test_gpu_series_carry_dcgm_names_and_their_workload(
     for spec in FIELDS:
         assert len(families[spec.name]) == 8, spec.name
     util = _by_gpu(families["DCGM_FI_DEV_GPU_UTIL"])
-    assert util["0"].labels["slurm_job_id"] == "42"
+    assert util["0"].labels["slurm_job"] == "42"
     assert util["0"].labels["slurm_user"] == "alice"
-    assert util["1"].labels["slurm_job_id"] == "42"
+    assert util["1"].labels["slurm_job"] == "42"
     assert _set(util["3"].labels) == {
         "gpu": "3",
         "UUID": uuids[3],
@@ -149,7 +149,7 @@ def test_gpu_series_carry_dcgm_names_and_their_workload(
         "pod": "train-0",
         "container": "main",
     }
-    assert not {"slurm_job_id", "slurm_user", "pod"} & set(_set(util["2"].labels)), (
+    assert not {"slurm_job", "slurm_user", "pod"} & set(_set(util["2"].labels)), (
         "a GPU nobody holds has no workload labels"
     )
     # the simulated load is the charts' telemetry

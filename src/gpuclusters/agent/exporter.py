@@ -9,7 +9,7 @@ GPUs as they are. Labels on every series: ``cluster`` and ``node`` (from
 node.json; the metrics database's service discovery sets the same ones,
 and its own win, so a node cannot pass for another). On GPU series also
 dcgm-exporter's ``gpu``, ``UUID``, ``device``, ``modelName`` and
-``Hostname``, and the workload's: ``slurm_job_id`` and ``slurm_user`` for a
+``Hostname``, and the workload's: ``slurm_job`` and ``slurm_user`` for a
 Slurm job, ``namespace``, ``pod`` and ``container`` for a pod (empty, so
 absent, when nothing holds the GPU).
 
@@ -50,7 +50,7 @@ GPU_LABELS = (
     "Hostname",
     "cluster",
     "node",
-    "slurm_job_id",
+    "slurm_job",
     "slurm_user",
     "namespace",
     "pod",

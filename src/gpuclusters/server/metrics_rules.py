@@ -70,10 +70,10 @@ def rules(*, interval_s: int, idle_gpu_h: float) -> dict[str, Any]:
                     ),
                     _alert(
                         "GpuAllocatedIdle",
-                        'DCGM_FI_DEV_GPU_UTIL{slurm_job_id!=""} < 1'
+                        'DCGM_FI_DEV_GPU_UTIL{slurm_job!=""} < 1'
                         ' or DCGM_FI_DEV_GPU_UTIL{pod!=""} < 1',
                         "GPU {{ $labels.gpu }} of {{ $labels.node }} is held "
-                        "({{ $labels.slurm_job_id }}{{ $labels.pod }}) but idle for "
+                        "({{ $labels.slurm_job }}{{ $labels.pod }}) but idle for "
                         f"{idle_for}",
                         severity="warning",
                         for_=idle_for,

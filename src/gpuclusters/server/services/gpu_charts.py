@@ -145,7 +145,7 @@ async def workloads(
     cluster_id, _ = await _ids(session, principal, project, cluster=cluster, node=None)
     out: dict[str, list[dict[str, str]]] = {}
     for kind, by, present in (
-        ("jobs", "slurm_job_id, slurm_user", 'slurm_job_id!=""'),
+        ("jobs", "slurm_job, slurm_user", 'slurm_job!=""'),
         ("pods", "namespace, pod", 'pod!=""'),
     ):
         expr = (
@@ -161,7 +161,7 @@ async def workloads(
             for r in answer.get("data", {}).get("result", [])
         ]
         if kind == "jobs":
-            found.sort(key=lambda m: int(m["slurm_job_id"]) if m["slurm_job_id"].isdigit() else 0)
+            found.sort(key=lambda m: int(m["slurm_job"]) if m["slurm_job"].isdigit() else 0)
             found.reverse()  # newest first
         else:
             found.sort(key=lambda m: (m.get("namespace", ""), m.get("pod", "")))
@@ -225,7 +225,7 @@ async def cluster_chart(
 def workload_labels(cluster_id: str, *, job: str | None, pod: str | None) -> dict[str, str]:
     """The selector of a Slurm job's (``job``) or a pod's (``namespace/name``) GPUs."""
     if job is not None:
-        return {"cluster_id": cluster_id, "slurm_job_id": job}
+        return {"cluster_id": cluster_id, "slurm_job": job}
     namespace, _, name = (pod or "").partition("/")
     if not namespace or not name:
         raise ValidationError("pod must be NAMESPACE/NAME", field="pod")
