@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,21 @@ async def test_bad_queries_are_refused_with_the_field_named(api: ApiHarness) -> 
         r = await api.client.get("/v1/metrics/query", params={"query": expr})
         assert r.status_code == 422, (expr, r.text)
         assert r.json()["field"] == "query", r.text
+        assert r.json()["message"].startswith("query: "), r.text
+    for path, params, field in (
+        ("query", {"time": "yesterday"}, "time"),
+        ("query_range", {"start": "soon"}, "start"),
+        ("query_range", {"start": "0", "end": "1e", "step": "15s"}, "end"),
+        ("query_range", {"start": "0", "step": "15 s"}, "step"),
+    ):
+        r = await api.client.get(f"/v1/metrics/{path}", params={"query": "up", **params})
+        assert r.status_code == 422, (params, r.text)
+        assert r.json()["field"] == field and r.json()["message"].startswith(f"{field}: ")
+    r = await api.client.get(
+        "/v1/metrics/query_range",
+        params={"query": "up", "start": "2026-01-01T00:00:00Z", "end": "1767225660", "step": "1m"},
+    )
+    assert r.status_code == 200, r.text
 
 
 async def test_no_metrics_database_is_a_clear_conflict(tmp_path: Path) -> None:
@@ -229,6 +245,20 @@ async def test_server_metrics_count_the_fleet(api: ApiHarness) -> None:
     assert (_sample(text, "gpuclusters_reconcile_last_full_pass_timestamp_seconds",
                     controller="nodes") or 0) > time.time() - 3600  # fmt: skip
     assert _sample(text, "gpuclusters_reconcile_queue", controller="nodes") == 0
+    # a lease that ran out while held (its replica died) awaits take-over
+    assert _sample(text, "gpuclusters_leases_expired", table="nodes") == 0
+    async with api.runtime.sessionmaker() as session, session.begin():
+        victim = (await session.scalars(select(Node.id))).first()
+        await session.execute(
+            update(Node).where(Node.id == victim).values(
+                lock_owner="dead-replica", lock_token="t",
+                lock_expires_at=datetime.now(UTC) - timedelta(minutes=1),
+            )
+        )  # fmt: skip
+        await fleet_metrics.refresh(session)
+    text = (await api.client.get("/metrics")).text
+    assert _sample(text, "gpuclusters_leases_expired", table="nodes") == 1
+    # (the next claim takes it over: nothing to put back)
     # deleted: counted no more (the label set is cleared, not left at 2)
     assert (await api.client.delete(f"{P}/clusters/f1")).status_code in (200, 202)
     await api.wait_cluster("f1", {"gone"})

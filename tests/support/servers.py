@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -312,6 +313,27 @@ class Servers:
                 h.kill9()
             if h.provider in ("netns", "hosts"):
                 cleanup_netns(h.home)
+            stop_kept_daemons(h.home)
+
+
+# The daemons a server keeps (server/kept_process.py): their pid files.
+KEPT_PID_FILES = ("registry/registry.pid", "metrics/victoria-metrics.pid", "metrics/vmalert.pid")
+
+
+def stop_kept_daemons(home: Path) -> None:
+    """Safety net: the registry, metrics database and rule engine a server
+    under ``home`` left running (a server killed with SIGKILL and not
+    started again does not stop them; by design, its next start keeps
+    them)."""
+    for name in KEPT_PID_FILES:
+        try:
+            pid = int((home / name).read_text().strip())
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if str(home) in argv:  # ours, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 TEST_GATEWAY = "10.230.0.1"

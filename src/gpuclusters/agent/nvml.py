@@ -152,8 +152,12 @@ class NvmlGpus:
                         temp_c=_num(ask("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)),
                         power_w=int(power) / 1000 if power is not None else None,
                         energy_mj=_num(ask("nvmlDeviceGetTotalEnergyConsumption")),
-                        sm_clock_mhz=_num(ask("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)),
-                        mem_clock_mhz=_num(ask("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)),
+                        sm_clock_mhz=_num(
+                            ask("nvmlDeviceGetClockInfo", getattr(nvml, "NVML_CLOCK_SM", 1))
+                        ),
+                        mem_clock_mhz=_num(
+                            ask("nvmlDeviceGetClockInfo", getattr(nvml, "NVML_CLOCK_MEM", 2))
+                        ),
                         xid_last=self._last_xid.get(i, 0),
                         ecc_sbe_vol_total=_num(sbe),
                         ecc_dbe_vol_total=_num(dbe),

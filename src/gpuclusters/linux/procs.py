@@ -63,6 +63,15 @@ def process_running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def cmdline(pid: int) -> list[str]:
+    """A process's command line ([] if it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
 def start_time(pid: int) -> str | None:
     """A live process's start time (clock ticks since boot, as text), from
     /proc/<pid>/stat; None if it is gone or a zombie."""

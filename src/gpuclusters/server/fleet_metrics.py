@@ -1,7 +1,8 @@
 """The fleet's state as Prometheus gauges on every replica's ``/metrics``:
 nodes by phase and class, clusters by status, open alerts by kind, repairs
 by state, GPUs by type and state (free, held by a standard or preemptible
-node, cordoned, ...), hosts' agents by status.
+node, cordoned, ...), hosts' agents by status, and leases that expired
+while held (a replica died: its rows await take-over).
 
 They are counted from the database every ``INTERVAL_S`` (a few GROUP BY
 queries, milliseconds at 10,000 nodes), not at each scrape: a scrape must
@@ -21,7 +22,16 @@ from prometheus_client import Gauge, Histogram
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.server.db.models import Alert, Cluster, Host, Node, Remediation
+from gpuclusters.server.db.models import (
+    Alert,
+    Cluster,
+    HealthRun,
+    Host,
+    Node,
+    Remediation,
+    Volume,
+    utcnow,
+)
 from gpuclusters.server.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -38,6 +48,11 @@ GPUS = Gauge(
     ["gpu_type", "state"],
 )
 HOST_AGENTS = Gauge("gpuclusters_host_agents", "Hosts with a host agent", ["status"])
+LEASES_EXPIRED = Gauge(
+    "gpuclusters_leases_expired",
+    "Rows whose lease ran out while held (its replica died or stalled): awaiting take-over",
+    ["table"],
+)
 REFRESH_SECONDS = Histogram(
     "gpuclusters_fleet_metrics_refresh_seconds", "Time to count the fleet for these gauges"
 )
@@ -99,6 +114,7 @@ async def refresh(session: AsyncSession) -> None:
             .group_by(Host.gpu_type, state)
         ),
     )
+    _set(LEASES_EXPIRED, await _expired_leases(session))
     _set(
         HOST_AGENTS,
         await session.execute(
@@ -106,6 +122,20 @@ async def refresh(session: AsyncSession) -> None:
             .group_by(Host.agent_status)
         ),
     )  # fmt: skip
+
+
+async def _expired_leases(session: AsyncSession) -> list[tuple[str, int]]:
+    """Per leased table, rows a lease still names though it expired: a
+    release clears the owner, so these are leases of a replica that died or
+    stalled, which the next claim takes over."""
+    now = utcnow()
+    out = []
+    for model in (Cluster, Node, Volume, Remediation, HealthRun):
+        count = await session.scalar(
+            select(func.count()).where(model.lock_owner.is_not(None), model.lock_expires_at < now)
+        )
+        out.append((model.__tablename__, int(count or 0)))
+    return out
 
 
 async def keep_fleet_metrics(rt: Runtime, interval_s: float = INTERVAL_S) -> None:

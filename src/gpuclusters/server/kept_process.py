@@ -21,28 +21,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuclusters.core.clientconfig import replace_atomically
+from gpuclusters.linux.procs import cmdline, process_running
 
 
 class KeptProcessError(RuntimeError):
     pass
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 class KeptProcess:
@@ -77,7 +60,7 @@ class KeptProcess:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if alive(pid) and cmdline(pid) == self.argv:
+        if process_running(pid) and cmdline(pid) == self.argv:
             return pid
         return None
 
@@ -110,7 +93,7 @@ class KeptProcess:
         except (OSError, ValueError):
             return None
         argv = cmdline(pid)
-        if alive(pid) and argv[:1] == self.argv[:1]:
+        if process_running(pid) and argv[:1] == self.argv[:1]:
             return pid
         return None
 
@@ -160,7 +143,7 @@ class KeptProcess:
                 await asyncio.to_thread(proc.wait)
             return
         for _ in range(100):
-            if not alive(pid):
+            if not process_running(pid):
                 return
             await asyncio.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):

@@ -442,7 +442,7 @@ async def workload_page(
         session, principal=who.principal, project_name=project, name=name
     )
     if (job is None) == (pod is None):
-        raise ValidationError("give one of job (a Slurm job id) or pod (NAMESPACE/NAME)",
+        raise ValidationError("job: give one of job (a Slurm job id) or pod (NAMESPACE/NAME)",
                               field="job")  # fmt: skip
     query = urlencode({"job": job} if job is not None else {"pod": pod})
     return _page(

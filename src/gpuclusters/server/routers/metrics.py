@@ -56,7 +56,14 @@ async def receive_alerts(
     return {"recorded": await metrics.receive_alerts(session, alerts)}
 
 
-@router.get("/v1/metrics/query")
+# What a query can answer beyond the document's usual errors (server/openapi.py).
+QUERY_ERRORS: dict[int | str, dict[str, Any]] = {
+    409: {"description": "this server has no metrics database"},
+    503: {"description": "the metrics database does not answer"},
+}
+
+
+@router.get("/v1/metrics/query", responses=QUERY_ERRORS)
 async def instant_query(
     session: SessionDep,
     rt: RuntimeDep,
@@ -73,7 +80,7 @@ async def instant_query(
     )  # fmt: skip
 
 
-@router.get("/v1/metrics/query_range")
+@router.get("/v1/metrics/query_range", responses=QUERY_ERRORS)
 async def range_query(
     session: SessionDep,
     rt: RuntimeDep,

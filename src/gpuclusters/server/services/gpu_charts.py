@@ -228,7 +228,7 @@ def workload_labels(cluster_id: str, *, job: str | None, pod: str | None) -> dic
         return {"cluster_id": cluster_id, "slurm_job": job}
     namespace, _, name = (pod or "").partition("/")
     if not namespace or not name:
-        raise ValidationError("pod must be NAMESPACE/NAME", field="pod")
+        raise ValidationError("pod: must be NAMESPACE/NAME", field="pod")
     return {"cluster_id": cluster_id, "namespace": namespace, "pod": name}
 
 

@@ -184,6 +184,19 @@ async def scrape_targets(session: AsyncSession, rt: Runtime) -> list[dict[str, A
     return out
 
 
+# A range query's resolution: seconds, or a PromQL duration.
+STEP = re.compile(r"[0-9]+(\.[0-9]+)?(ms|s|m|h|d|w|y)?")
+
+
+def _is_instant(value: str) -> bool:
+    """Unix seconds or an RFC 3339 time, as Prometheus' API takes them."""
+    try:
+        float(value)
+    except ValueError:
+        return _instant(value) is not None
+    return True
+
+
 def _empty(kind: QueryKind) -> dict[str, Any]:
     return {"status": "success", "data": {"resultType": RESULT_TYPE[kind], "result": []}}
 
@@ -220,7 +233,18 @@ async def query(
             "this server has no metrics database (GPUCLUSTERS_METRICS_DB, GPUCLUSTERS_METRICS_URL)"
         )
     if not params.get("query", "").strip():
-        raise ValidationError("query must be a PromQL expression, not empty", field="query")
+        raise ValidationError("query: must be a PromQL expression, not empty", field="query")
+    for name in ("time", "start", "end"):
+        if params.get(name) and not _is_instant(params[name]):
+            raise ValidationError(
+                f"{name}: must be Unix seconds or an RFC 3339 time, not {params[name]!r}",
+                field=name,
+            )
+    if params.get("step") and not STEP.fullmatch(params["step"]):
+        raise ValidationError(
+            f"step: must be seconds or a duration (30s, 5m, 1h), not {params['step']!r}",
+            field="step",
+        )
     projects = await _confinement(session, principal, project)
     if projects is not None and not projects:
         return _empty(kind)
@@ -244,7 +268,7 @@ async def query(
         body = {}
     if response.status_code in (400, 422) or body.get("status") == "error":
         raise ValidationError(
-            f"the metrics database refused the query: {body.get('error') or response.text[:500]}",
+            f"query: the metrics database refused it: {body.get('error') or response.text[:500]}",
             field="query",
         )
     if response.status_code != 200:
