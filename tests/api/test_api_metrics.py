@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from gpuclusters.server.db.models import Node, Project
+from gpuclusters.server.db.models import Host, Node, Project
 from gpuclusters.server.settings import Settings
 from support.api import ApiHarness
 from support.processes import free_port
@@ -91,6 +91,15 @@ async def test_targets_list_running_nodes_with_their_labels(api: ApiHarness) -> 
     assert labels["project"] == "default" and labels["cluster"] == "m1"
     assert labels["project_id"] == await _project_id(api, "default")
     assert labels["node"] == names[0] and labels["gpu_type"] and labels["host"]
+    # a node on a host with a host agent (another machine) is not listed
+    async with api.runtime.sessionmaker() as session, session.begin():
+        host_id = (await session.scalars(select(Node.host_id).where(Node.name == names[1]))).one()
+        await session.execute(update(Host).where(Host.id == host_id).values(agent_status="ready"))
+    assert [t["labels"]["node"] for t in (await api.client.get("/v1/metrics/targets")).json()] == [
+        names[0]
+    ]
+    async with api.runtime.sessionmaker() as session, session.begin():
+        await session.execute(update(Host).where(Host.id == host_id).values(agent_status=None))
     # a node being released is no longer scraped
     async with api.runtime.sessionmaker() as session, session.begin():
         await session.execute(update(Node).where(Node.name == names[0]).values(phase="releasing"))
