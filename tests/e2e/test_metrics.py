@@ -119,6 +119,11 @@ def test_a_slurm_jobs_gpu_series_carry_its_job_and_user(world: World) -> None:
         interval=2,
         describe=lambda: world.admin("metrics", "targets"),
     )
+    # the operator's view of what is scraped: both nodes, with their labels
+    targets = json.loads(world.admin("metrics", "targets", "--output", "json"))
+    assert sorted(t["labels"]["cluster"] for t in targets) == ["met", "met"], targets
+    assert all(t["targets"][0].endswith(":9400") for t in targets), targets
+    assert world.user("alice", "metrics", "targets").returncode != 0, "operators only"
     out = world.ok("alice", "clusters", "ssh", "met", "--", "sbatch", "--wait", "-N2",
                    "--gres=gpu:8", "--wrap", "srun sleep 30", timeout=240)  # fmt: skip
     found_id = re.search(r"Submitted batch job (\d+)", out)
