@@ -91,10 +91,28 @@ async def test_targets_list_running_nodes_with_their_labels(api: ApiHarness) -> 
     assert labels["project"] == "default" and labels["cluster"] == "m1"
     assert labels["project_id"] == await _project_id(api, "default")
     assert labels["node"] == names[0] and labels["gpu_type"] and labels["host"]
-    # a node on a host with a host agent (another machine) is not listed
+    # A node on a host with a host agent (another machine, whose cluster
+    # bridge is not routed here) is scraped through that agent, over HTTPS.
     async with api.runtime.sessionmaker() as session, session.begin():
-        host_id = (await session.scalars(select(Node.host_id).where(Node.name == names[1]))).one()
-        await session.execute(update(Host).where(Host.id == host_id).values(agent_status="ready"))
+        row = await session.execute(select(Node.id, Node.host_id).where(Node.name == names[1]))
+        node_id, host_id = row.one()
+        await session.execute(
+            update(Host)
+            .where(Host.id == host_id)
+            .values(agent_status="ready", address="10.232.7.3", agent_port=8471)
+        )
+    hosted = (await api.client.get("/v1/metrics/targets")).json()[1]
+    assert hosted["targets"] == ["10.232.7.3:8471"]
+    assert {k: v for k, v in hosted["labels"].items() if k.startswith("__") or k == "instance"} == {
+        "__scheme__": "https",
+        "__metrics_path__": f"/v1/nodes/{node_id}/metrics",
+        "__param_port": str(port),
+        "instance": f"10.231.9.11:{port}",
+    }
+    assert hosted["labels"]["node_id"] == node_id and hosted["labels"]["project_id"]
+    # ... and not at all once its host is removed (no agent to ask)
+    async with api.runtime.sessionmaker() as session, session.begin():
+        await session.execute(update(Host).where(Host.id == host_id).values(agent_status="removed"))
     assert [t["labels"]["node"] for t in (await api.client.get("/v1/metrics/targets")).json()] == [
         names[0]
     ]

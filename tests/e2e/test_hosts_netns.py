@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gpuclusters.linux.layout import NodeLayout
-from support.nshosts import NsHost, NsHosts
+from support.nshosts import AGENT_PORT, NsHost, NsHosts
 from support.processes import free_port
 
 if TYPE_CHECKING:
@@ -184,6 +184,49 @@ def test_slurm_cluster_spans_two_hosts(lab: Lab) -> None:
             "hostname > /mnt/shared/from-a.txt")  # fmt: skip
     read = lab.ssh("x", "srun", "-N1", "-w", b["name"], "cat", "/mnt/shared/from-a.txt")
     assert read.strip() == a["name"]
+
+
+def _series(lab: Lab, expr: str) -> list[dict[str, str]]:
+    out = json.loads(lab.admin("metrics", "query", expr, "--output", "json"))
+    return [item["metric"] for item in out["data"]["result"]]
+
+
+def test_metrics_of_nodes_on_hosts_come_through_their_agents(lab: Lab) -> None:
+    """The server's machine does not route to a host's cluster bridge: the
+    metrics database scrapes each node through its host agent (HTTPS, the
+    control plane's client certificate), and a job's GPU series still carry
+    its id and its nodes' labels."""
+    nodes = {n["name"]: n for n in lab.nodes("x")}
+    targets = [t for t in lab.json("metrics", "targets") if t["labels"]["cluster"] == "x"]
+    assert sorted(t["labels"]["node"] for t in targets) == sorted(nodes)
+    for t in targets:
+        node = nodes[t["labels"]["node"]]
+        agent = _host(lab, node["host"])
+        assert t["targets"] == [f"{agent.address}:{AGENT_PORT}"], t
+        assert t["labels"]["__scheme__"] == "https", t
+        assert t["labels"]["instance"] == f"{lab.address(node)}:9400", t
+    # The boundary the proxy goes around: the node's own address does not
+    # answer from the server's machine.
+    some = next(iter(nodes.values()))
+    direct = subprocess.run(
+        ["curl", "-sS", "-m", "3", f"http://{lab.address(some)}:9400/metrics"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert direct.returncode != 0, direct.stdout[:300]
+    lab.server.wait_for(
+        "x's nodes scraped through their host agents",
+        lambda: sorted(s["node"] for s in _series(lab, 'up{cluster="x"} == 1')) == sorted(nodes),
+        timeout=90,
+        describe=lambda: json.dumps(_series(lab, 'up{cluster="x"}')),
+    )
+    out = lab.ssh("x", "sbatch", "--wait", "-N2", "--gres=gpu:8", "--wrap", "srun sleep 25")
+    job = out.split()[-1]
+    series = _series(lab, f'max_over_time(DCGM_FI_DEV_GPU_UTIL{{slurm_job="{job}"}}[5m])')
+    assert len(series) == 16, series
+    assert sorted({(s["node"], s["host"]) for s in series}) == sorted(
+        (n["name"], n["host"]) for n in nodes.values()
+    )
+    assert {s["slurm_user"] for s in series} == {lab.ssh("x", "id", "-un").strip()}, series
 
 
 def test_a_new_member_runs_a_job_across_hosts(lab: Lab) -> None:

@@ -369,3 +369,34 @@ async def test_remote_shell_check_raises_on_a_non_zero_exit(
     assert info.value.result == CommandResult(2, "partial out", "sinfo: error: no controller\n")
     done = await sh.run(["sinfo"], check=False)
     assert done.returncode == 2 and done.stdout == "partial out"
+
+
+async def test_node_metrics_pass_through_from_the_nodes_own_address(
+    client: AgentClient, provider: StubProvider
+) -> None:
+    """The database's scrape of a node on a host: the agent fetches the node
+    agent's /metrics at the node's address from its own state."""
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    Gauge("DCGM_FI_DEV_GPU_UTIL", "util", ["gpu"], registry=registry).labels("0").set(42)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    port = server.server_address[1]
+    try:
+        provider.shell_.address = "127.0.0.1"
+        provider.instances["n1"] = Instance("n1", HOST, InstanceState.RUNNING)
+        http = client._http
+        r = await http.get("/v1/nodes/n1/metrics", params={"port": port})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 42.0' in r.text
+        # A node this host does not have: nothing is fetched.
+        assert (await http.get("/v1/nodes/n9/metrics", params={"port": port})).status_code == 409
+        bad = await http.get("/v1/nodes/n1/metrics", params={"port": 0})
+        assert bad.status_code == 422
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    # The node agent does not answer: a 502 (the target is down).
+    down = await client._http.get("/v1/nodes/n1/metrics", params={"port": port})
+    assert down.status_code == 502 and down.json()["code"] == "transient"

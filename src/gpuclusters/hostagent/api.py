@@ -8,6 +8,14 @@ Every call maps onto one idempotent method of the host's
 after a crash or a lost answer does no harm. Provider errors come back as
 ``503 transient`` or ``409 permanent`` (``wire.Failure``) and become the
 same ``ProviderError`` classes on the server's side.
+
+``GET /v1/nodes/{node_id}/metrics`` is the way the server's metrics
+database scrapes a node here: the node's address is on this host's cluster
+bridge, which the server's machine does not route to, so the agent fetches
+the node agent's ``/metrics`` (at the node's address from this host's own
+state, never one the caller names) and passes it through unchanged. A node
+agent that does not answer is a 502, which the database records as the
+target being down (``NodeAgentDown``).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+import httpx
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from gpuclusters.core.idblocks import IdBlock
@@ -31,6 +40,11 @@ from gpuclusters.providers.hosts import wire
 from gpuclusters.providers.netns.provider import NetnsNodeProvider
 
 log = logging.getLogger(__name__)
+
+# A node agent's answer takes milliseconds; the database's own scrape
+# timeout (10 s) is the outer bound.
+NODE_METRICS_TIMEOUT_S = 8.0
+NODE_METRICS_PORT = 9400
 
 
 def _instance(i: Instance) -> wire.InstanceOut:
@@ -120,6 +134,24 @@ def make_app(
     async def delete_node(node_id: str) -> Response:
         await provider.delete(node_id)
         return Response(status_code=204)
+
+    @app.get("/v1/nodes/{node_id}/metrics")
+    async def node_metrics(
+        node_id: str, port: int = Query(NODE_METRICS_PORT, ge=1, le=65535)
+    ) -> Response:
+        address = (await shell(node_id)).address
+        host = f"[{address}]" if ":" in address else address
+        try:
+            async with httpx.AsyncClient(timeout=NODE_METRICS_TIMEOUT_S) as http:
+                got = await http.get(f"http://{host}:{port}/metrics")
+        except httpx.HTTPError as exc:
+            body = wire.Failure(code="transient", message=f"node agent at {host}:{port}: {exc}")
+            return JSONResponse(body.model_dump(), status_code=502)
+        return Response(
+            content=got.content,
+            status_code=got.status_code,
+            media_type=got.headers.get("content-type", "text/plain"),
+        )
 
     @app.post("/v1/nodes/{node_id}/reboot")
     async def reboot(node_id: str) -> wire.InstanceOut:

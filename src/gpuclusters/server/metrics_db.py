@@ -10,7 +10,11 @@ The server writes its scrape configuration (``HOME/metrics/scrape.yml``):
   database: ``project_id``, ``project``, ``cluster_id``, ``cluster``,
   ``node_id``, ``node``, ``host``, ``compute_class``, ``gpu_type``).
   Target labels win over the agent's own (``honor_labels`` is off), so a
-  node cannot pass its series off as another project's.
+  node cannot pass its series off as another project's. A node on a host
+  with a host agent is scraped through that agent over HTTPS (the target
+  says so), with the control plane's client certificate and trusting the
+  hosts CA only (``HOME/hosts-pki``, ``security.hosts_pki``), as the
+  server's own calls to agents do.
 
 The rule engine (vmalert, ``metrics_rules``) evaluates the alert rules
 against the database and posts what fires to the server's receiver
@@ -41,6 +45,7 @@ import yaml
 from gpuclusters.core.clientconfig import replace_atomically
 from gpuclusters.server.kept_process import KeptProcess, KeptProcessError
 from gpuclusters.server.metrics_rules import render_rules
+from gpuclusters.server.security.hosts_pki import agent_client_files
 from gpuclusters.server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,9 @@ def _server_address(settings: Settings) -> str:
 def render_scrape_config(settings: Settings, token_file: Path) -> str:
     server = _server_address(settings)
     auth = {"type": "Bearer", "credentials_file": str(token_file)}
+    # The files ``ensure_hosts_pki`` keeps (made before the database starts).
+    ca, cert, key = agent_client_files(settings.home)
+    agents_tls = {"ca_file": str(ca), "cert_file": str(cert), "key_file": str(key)}
     config = {
         "global": {"scrape_interval": f"{settings.metrics_scrape_interval_s}s"},
         "scrape_configs": [
@@ -96,6 +104,8 @@ def render_scrape_config(settings: Settings, token_file: Path) -> str:
             },
             {
                 "job_name": NODES_JOB,
+                # Used by the targets behind host agents only (https).
+                "tls_config": agents_tls,
                 "http_sd_configs": [
                     {
                         "url": f"http://{server}{TARGETS_PATH}",

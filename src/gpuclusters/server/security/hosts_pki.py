@@ -33,6 +33,10 @@ from gpuclusters.layers.kubernetes import pki
 PKI_DIR = "hosts-pki"
 CLIENT_NAME = "gpuclusters-control-plane"
 AGENT_CERT_DAYS = 825
+# ``_pair`` names the files after the pair: "<name>.crt", "<name>.key".
+HOSTS_CA_CERT = "hosts-ca.crt"
+CLIENT_CERT = "client.crt"
+CLIENT_KEY = "client.key"
 
 
 class CsrError(ValueError):
@@ -48,15 +52,22 @@ class HostsPki:
 
     @property
     def client_cert_file(self) -> Path:
-        return self.dir / "client.crt"
+        return self.dir / CLIENT_CERT
 
     @property
     def client_key_file(self) -> Path:
-        return self.dir / "client.key"
+        return self.dir / CLIENT_KEY
 
     @property
     def hosts_ca_file(self) -> Path:
-        return self.dir / "hosts-ca.crt"
+        return self.dir / HOSTS_CA_CERT
+
+
+def agent_client_files(home: Path) -> tuple[Path, Path, Path]:
+    """The hosts CA, the control plane's client certificate and its key, as
+    files (for a process that dials agents itself: the metrics database)."""
+    d = home / PKI_DIR
+    return d / HOSTS_CA_CERT, d / CLIENT_CERT, d / CLIENT_KEY
 
 
 def _pair(d: Path, name: str, make: pki.KeyPair | None = None) -> pki.KeyPair | None:

@@ -2,12 +2,17 @@
 and PromQL queries answered for the caller's projects only.
 
 **Scrape targets.** ``GET /v1/metrics/targets`` answers Prometheus' HTTP
-service discovery format: one target per node of this machine whose agent
-runs (it has an address and is bootstrapping, running, repairing or
-draining; nodes on hosts with a host agent are not listed yet), at
-``<address>:<metrics_agent_port>``, with labels from the database. The
-``project_id`` label is what user queries are confined by; it comes from
-here, never from the node (``metrics_db``: target labels win).
+service discovery format: one target per node whose agent runs (it has an
+address and is bootstrapping, running, repairing or draining), with labels
+from the database. A node of this machine is scraped where it is, at
+``<address>:<metrics_agent_port>``. A node on a host with a host agent
+lives on that host's cluster bridge, which this machine does not route to:
+it is scraped through its host agent (``https://<agent>/v1/nodes/<id>/metrics``,
+with the control plane's client certificate: ``metrics_db``), set by the
+``__scheme__``, ``__metrics_path__`` and ``__param_port`` labels, and its
+``instance`` label is still the node's own address. The ``project_id``
+label is what user queries are confined by; it comes from here, never from
+the node (``metrics_db``: target labels win).
 
 **Who scrapes.** ``/metrics`` and the targets answer the scrape token
 (``metrics_db.scrape_token``) or an organization admin's API key, and
@@ -35,10 +40,10 @@ from typing import Any, Literal
 from urllib.parse import urlencode
 
 import httpx
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.core.enums import NodePhase, ProjectRole
+from gpuclusters.core.enums import HostAgentStatus, NodePhase, ProjectRole
 from gpuclusters.core.errors import (
     AuthenticationError,
     InvalidStateError,
@@ -151,6 +156,9 @@ async def scrape_targets(session: AsyncSession, rt: Runtime) -> list[dict[str, A
             Project.id,
             Project.name,
             Host.name,
+            Host.agent_status,
+            Host.address,
+            Host.agent_port,
         )
         .join(Cluster, Node.cluster_id == Cluster.id)
         .join(Project, Node.project_id == Project.id)
@@ -159,35 +167,43 @@ async def scrape_targets(session: AsyncSession, rt: Runtime) -> list[dict[str, A
             Node.deleted_at.is_(None),
             Node.address.is_not(None),
             Node.phase.in_([p.value for p in SCRAPED_PHASES]),
-            # Nodes on hosts with a host agent live on other machines, whose
-            # cluster addresses this one does not route to: scraping them
-            # through their host agent is not built yet (docs/metrics.md), and
-            # listing them would only fire NodeAgentDown for every one.
-            or_(Node.host_id.is_(None), Host.agent_status.is_(None)),
         )
         .order_by(Node.name)
     )
     out = []
-    for node_id, node, address, klass, cluster_id, cluster, gpu_type, pid, project, host in rows:
-        host_part = f"[{address}]" if ":" in str(address) else str(address)
-        target = f"{host_part}:{port}"
-        out.append(
-            {
-                "targets": [target],
-                "labels": {
-                    "project_id": pid,
-                    "project": project,
-                    "cluster_id": cluster_id,
-                    "cluster": cluster,
-                    "node_id": node_id,
-                    "node": node,
-                    "host": host or "",
-                    "compute_class": klass,
-                    "gpu_type": gpu_type,
-                },
+    for row in rows:
+        node_id, node, address, klass, cluster_id, cluster, gpu_type, pid, project = row[:9]
+        host, agent_status, agent_address, agent_port = row[9:]
+        labels = {
+            "project_id": pid,
+            "project": project,
+            "cluster_id": cluster_id,
+            "cluster": cluster,
+            "node_id": node_id,
+            "node": node,
+            "host": host or "",
+            "compute_class": klass,
+            "gpu_type": gpu_type,
+        }
+        instance = f"{_bracketed(str(address))}:{port}"
+        if agent_status is None:
+            target = instance
+        elif agent_status == HostAgentStatus.REMOVED or not agent_address or not agent_port:
+            continue  # no agent to ask (a removed host's nodes are being deleted)
+        else:
+            target = f"{_bracketed(agent_address)}:{agent_port}"
+            labels |= {
+                "instance": instance,
+                "__scheme__": "https",
+                "__metrics_path__": f"/v1/nodes/{node_id}/metrics",
+                "__param_port": str(port),
             }
-        )
+        out.append({"targets": [target], "labels": labels})
     return out
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
 
 
 # A range query's resolution: seconds, or a PromQL duration.
