@@ -13,6 +13,7 @@ import typer
 
 from gpuclusters import __version__
 from gpuclusters.cli import (
+    audit,
     builds,
     capacity,
     clusters,
@@ -58,6 +59,7 @@ app.add_typer(registry.app, name="registry")
 app.add_typer(org.users_app, name="users")
 app.add_typer(org.gpu_types_app, name="gpu-types")
 app.add_typer(org.regions_app, name="regions")
+app.add_typer(audit.app, name="audit")
 app.command("whoami")(org.whoami)
 app.command("login")(login.login)
 app.command("server")(server.server)

@@ -36,6 +36,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
 from gpuclusters.client._session import Session, UntrustedServerError, make_http
+from gpuclusters.client.audit import AuditAPI
 from gpuclusters.client.clusters import ClustersAPI
 from gpuclusters.client.config import ClientConfig
 from gpuclusters.client.errors import UnexpectedResponseError
@@ -103,6 +104,7 @@ class Client:
         self.regions = RegionsAPI(self._session)
         self.ssh_keys = SshKeysAPI(self._session)
         self.users = UsersAPI(self._session)
+        self.audit = AuditAPI(self._session)
 
     @classmethod
     def from_config(

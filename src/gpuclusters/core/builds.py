@@ -80,6 +80,7 @@ BACKGROUND_PLAN: tuple[Step, ...] = (
     _addon("kueue"),
     _addon("mpi-operator"),
     _addon("volcano"),
+    _addon("dex"),
     _image("pause", Slot.CPU, ()),
     _image("base", Slot.CPU, ()),
     _image("kueue", Slot.CPU, ("kueue",)),

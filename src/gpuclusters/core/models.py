@@ -12,7 +12,7 @@ import itertools
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -359,6 +359,51 @@ class ApiKeyCreated(_Out):
     key_prefix: str
 
 
+class SsoInfo(_Out):
+    """``GET /v1/auth/sso``: whether this server signs users in through an
+    identity provider, and which."""
+
+    enabled: bool
+    issuer: str | None = None
+
+
+class SsoDeviceStart(_Out):
+    """The device flow's first step (RFC 8628): open ``verification_uri``
+    in a browser and enter ``user_code`` (or open
+    ``verification_uri_complete``), then poll with ``device_code``."""
+
+    device_code: str
+    user_code: str
+    verification_uri: str
+    verification_uri_complete: str | None = None
+    interval: int = Field(description="seconds to wait between polls")
+    expires_in: int = Field(description="seconds the code stays valid")
+
+
+class SsoDevicePoll(_Model):
+    device_code: str = Field(min_length=1, max_length=512)
+
+
+class SsoPending(_Out):
+    """Not signed in yet: poll again after ``interval`` seconds."""
+
+    status: Literal["pending", "slow_down"]
+    interval: int
+
+
+class SsoSignedIn(_Out):
+    """A session: ``key`` is its API key (send it as a bearer token), ended
+    by ``POST /v1/auth/logout``, at ``expires_at``, or when the identity
+    provider stops vouching for the user."""
+
+    user: str
+    key: str
+    key_prefix: str
+    expires_at: datetime
+    is_admin: bool
+    projects: dict[str, ProjectRole]
+
+
 class ProjectMember(_Out):
     """A user's membership of a project. ``uid`` is the user's Unix uid on
     cluster nodes (the same on every node of every cluster)."""
@@ -695,6 +740,23 @@ class NodeEvent(_Out):
     timestamp: datetime
     first_timestamp: datetime
     count: int
+
+
+class AuditEvent(_Out):
+    """One mutating API call or console action (docs/identity.md)."""
+
+    timestamp: datetime
+    user: str = Field(description='who ("" when the caller was not authenticated)')
+    via: str = Field(description="api or console")
+    address: str = Field(description="the caller's network address")
+    action: str = Field(description="what: the operation's name, e.g. create_cluster")
+    method: str
+    route: str
+    project: str | None
+    object: str = Field(description="on which object, e.g. clusters/demo")
+    status: int = Field(description="the HTTP status answered")
+    outcome: str = Field(description="ok, refused (4xx) or failed (5xx)")
+    detail: str = Field(description="the error's code and message, when refused or failed")
 
 
 class UsageLine(_Out):

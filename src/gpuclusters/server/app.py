@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,7 @@ from gpuclusters.core.models import API_VERSION
 from gpuclusters.providers.registry import ProviderOptions, make_provider
 from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server import errors, gc_policy, openapi
+from gpuclusters.server.audit_log import AuditMiddleware
 from gpuclusters.server.controllers.access import AccessSync
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.clusters import ClusterReconciler
@@ -47,6 +49,8 @@ from gpuclusters.server.metrics_db import MetricsDb, MetricsDbError, scrape_toke
 from gpuclusters.server.registry_daemon import RegistryDaemon, RegistryError, RegistryRuntime
 from gpuclusters.server.routers import (
     agents,
+    audit,
+    auth,
     catalog,
     clusters,
     console,
@@ -62,6 +66,7 @@ from gpuclusters.server.routers import (
 )
 from gpuclusters.server.runtime import Runtime, layers_for_provider
 from gpuclusters.server.security.hosts_pki import agent_client_context, ensure_hosts_pki
+from gpuclusters.server.security.oidc import OidcClient
 from gpuclusters.server.security.registry_tokens import ensure_registry_keys
 from gpuclusters.server.security.tls import fingerprint, served_ca_file, server_tls
 from gpuclusters.server.services import tenancy
@@ -135,7 +140,26 @@ async def build_runtime(settings: Settings) -> Runtime:
     rt.registry = await start_registry(settings)
     rt.metrics_scrape_token = scrape_token(settings.home)
     rt.metrics_db = await start_metrics_db(settings)
+    rt.oidc = make_oidc_client(settings)
     return rt
+
+
+def make_oidc_client(settings: Settings) -> OidcClient | None:
+    """The identity provider's client (docs/identity.md), where configured.
+    Nothing is fetched yet: a provider that is down does not stop the server
+    (sign-ins answer 503 until it is back)."""
+    if settings.sso_issuer is None:
+        return None
+    verify: ssl.SSLContext | bool = True
+    if settings.sso_ca_file is not None:
+        verify = ssl.create_default_context(cafile=str(settings.sso_ca_file))
+    return OidcClient(
+        issuer=settings.sso_issuer,
+        client_id=settings.sso_client_id,
+        client_secret=settings.sso_secret(),
+        scopes=settings.sso_scopes,
+        verify=verify,
+    )
 
 
 async def start_metrics_db(settings: Settings) -> MetricsDb | None:
@@ -337,6 +361,8 @@ def create_app(
                 await rt.registry.daemon.stop()
             if rt.metrics_db is not None:
                 await rt.metrics_db.stop()
+            if rt.oidc is not None:
+                await rt.oidc.close()
             if rt.api_engine is not None:
                 await rt.api_engine.dispose()
             await rt.engine.dispose()
@@ -351,6 +377,8 @@ def create_app(
     errors.install(app)
     openapi.install(app)
 
+    # Outermost last: the audit log sees the status the metrics saw.
+    app.add_middleware(AuditMiddleware)
     app.add_middleware(MetricsMiddleware)
 
     if settings.registry_enabled:
@@ -391,6 +419,8 @@ def create_app(
         tls.router,
         registry.router,
         ssh_keys.router,
+        audit.router,
+        auth.router,
     ):
         app.include_router(router)
     return app

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.server.audit_log import remember_principal
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services import tenancy
@@ -32,11 +33,14 @@ bearer = HTTPBearer(auto_error=False, description="an API key")
 
 
 async def get_principal(
+    request: Request,
     session: Annotated[AsyncSession, Depends(get_session)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     key = credentials.credentials.strip() if credentials is not None else None
-    return await tenancy.authenticate(session, key=key or None)
+    principal = await tenancy.authenticate(session, key=key or None)
+    remember_principal(request.state, principal)  # for the audit log
+    return principal
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

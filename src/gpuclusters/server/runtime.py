@@ -24,6 +24,7 @@ from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server.controllers.hints import Hints
 from gpuclusters.server.metrics_db import MetricsDb
 from gpuclusters.server.registry_daemon import RegistryRuntime
+from gpuclusters.server.security.oidc import OidcClient
 from gpuclusters.server.settings import Settings
 
 
@@ -55,6 +56,8 @@ class Runtime:
     # The metrics database, where this server runs one (settings.metrics_db_enabled),
     # and the token it scrapes /metrics and the node targets with.
     metrics_db: MetricsDb | None = None
+    # The identity provider's client, where single sign-on is configured.
+    oidc: OidcClient | None = None
     metrics_scrape_token: str | None = None
     # GPU samples from the node agents' heartbeats, for the console's charts.
     telemetry: TelemetryHistory = field(default_factory=TelemetryHistory)

@@ -11,12 +11,14 @@ import functools
 import re
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuclusters.core import deadlines, idblocks
+from gpuclusters.core.enums import ProjectRole
+from gpuclusters.core.sso import GroupGrant
 from gpuclusters.linux import nodeimage
 
 
@@ -110,6 +112,43 @@ class Settings(BaseSettings):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
         return self
+
+    @model_validator(mode="after")
+    def _sso(self) -> Settings:
+        if self.sso_issuer is not None:
+            if not self.sso_issuer.startswith(("https://", "http://")):
+                raise ValueError("sso_issuer: must be an http(s) URL")
+            if self.sso_client_secret is None and self.sso_client_secret_file is None:
+                raise ValueError("sso_issuer needs sso_client_secret or sso_client_secret_file")
+        self.sso_grants  # noqa: B018 (checks the mapping at start)
+        return self
+
+    @property
+    def sso_enabled(self) -> bool:
+        return self.sso_issuer is not None
+
+    @property
+    def sso_grants(self) -> list[GroupGrant]:
+        grants = []
+        for i, item in enumerate(self.sso_group_roles):
+            try:
+                role = item.get("role")
+                grants.append(
+                    GroupGrant(
+                        group=str(item["group"]),
+                        project=item.get("project"),
+                        role=ProjectRole(role) if role is not None else None,
+                        org_admin=bool(item.get("org_admin", False)),
+                    )
+                )
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"sso_group_roles[{i}]: {exc}") from exc
+        return grants
+
+    def sso_secret(self) -> str:
+        if self.sso_client_secret_file is not None:
+            return self.sso_client_secret_file.read_text().strip()
+        return self.sso_client_secret or ""
 
     @property
     def tls_enabled(self) -> bool:
@@ -239,6 +278,43 @@ class Settings(BaseSettings):
         description="Alertmanagers of the operator's own that the alerts also go to "
         '(JSON list, e.g. ["http://alertmanager:9093"])',
     )
+    # --- single sign-on (docs/identity.md) ---------------------------------------
+    sso_issuer: str | None = Field(
+        default=None,
+        description="the identity provider's OpenID Connect issuer URL; unset: no single sign-on",
+    )
+    sso_client_id: str = Field(default="gpuclusters", description="this server's client id there")
+    sso_client_secret: str | None = Field(default=None, description="the client's secret")
+    sso_client_secret_file: Path | None = Field(
+        default=None, description="a file holding the client's secret (instead of the setting)"
+    )
+    sso_ca_file: Path | None = Field(
+        default=None, description="the CA to verify the provider with (default: the system's)"
+    )
+    sso_scopes: list[str] = Field(
+        default_factory=lambda: ["openid", "profile", "email", "groups", "offline_access"],
+        description="scopes asked for; offline_access gives the refresh token sessions need",
+    )
+    sso_username_claim: str = Field(
+        default="preferred_username",
+        description="the claim a new user's name comes from (then the email's local part)",
+    )
+    sso_groups_claim: str = Field(default="groups", description="the claim that lists groups")
+    sso_group_roles: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description='groups to roles (JSON list): [{"group": "ml", "project": "default", '
+        '"role": "editor"}, {"group": "ops", "org_admin": true}]',
+    )
+    sso_recheck_interval_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=240,
+        description="how often each session is refreshed at the provider (groups re-applied; "
+        "a disabled user locked out); at most 240 s, so a change lands within 5 minutes",
+    )
+    sso_session_ttl_h: float = Field(
+        default=168.0, gt=0, description="a session's whole life; then sign in again"
+    )
 
     @property
     def metrics_db_enabled(self) -> bool:
@@ -267,6 +343,9 @@ class Settings(BaseSettings):
     )
     controller_concurrency: int = Field(default=8, ge=1)
     event_retention_h: float = Field(default=72.0, gt=0)
+    audit_retention_days: int = Field(
+        default=400, ge=1, description="how long the audit log keeps a record (docs/identity.md)"
+    )
     housekeeping_interval_s: float = Field(default=60.0, gt=0)
     statistics_interval_s: float = Field(
         default=5.0,

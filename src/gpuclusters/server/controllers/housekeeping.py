@@ -36,7 +36,8 @@ from gpuclusters.core.enums import EventReason, HostAgentStatus, NodePhase
 from gpuclusters.providers.base import InstanceState, ProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.alerts import note_missed_heartbeats
-from gpuclusters.server.db.models import Host, Node, NodeEvent, utcnow
+from gpuclusters.server.controllers.sso_sessions import recheck_sessions
+from gpuclusters.server.db.models import AuditEvent, Host, Node, NodeEvent, utcnow
 from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
 from gpuclusters.server.runtime import Runtime
 
@@ -116,6 +117,14 @@ async def expire_events(rt: Runtime) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+async def expire_audit_events(rt: Runtime) -> int:
+    cutoff = utcnow() - timedelta(days=rt.settings.audit_retention_days)
+    async with rt.sessionmaker() as session:
+        result = await session.execute(delete(AuditEvent).where(AuditEvent.timestamp < cutoff))
+        await session.commit()
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
 async def missed_heartbeats(rt: Runtime) -> int:
     return await note_missed_heartbeats(rt, missed_after_s=rt.settings.heartbeat_timeout_s)
 
@@ -182,6 +191,8 @@ async def _chores(rt: Runtime) -> None:
         collect_orphans,
         check_running_nodes,
         expire_events,
+        expire_audit_events,
+        recheck_sessions,
         missed_heartbeats,
     ):
         try:

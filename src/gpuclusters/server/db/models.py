@@ -117,6 +117,7 @@ class User(Base):
     __table_args__ = (
         UniqueConstraint("organization_id", "name"),
         UniqueConstraint("organization_id", "uid", name="uq_users_org_uid"),
+        UniqueConstraint("organization_id", "sso_subject", name="uq_users_org_sso_subject"),
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"))
@@ -129,6 +130,9 @@ class User(Base):
     # Set by ``DELETE /v1/users/{name}``. The row stays, so its name and uid
     # are never handed out again (files on shared volumes keep their owner).
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # The identity provider's stable id of a user who signs in with single
+    # sign-on (docs/identity.md): what links sign-ins to this row.
+    sso_subject: Mapped[str | None] = mapped_column(String(255), default=None)
 
 
 class ApiKey(Base):
@@ -142,6 +146,8 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # A single sign-on session's key ends with the session; others never do.
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class ConsoleSession(Base):
@@ -156,6 +162,38 @@ class ConsoleSession(Base):
     csrf_token: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
+class SsoSession(Base):
+    """A single sign-on session (services/sso.py): the API key it signed the
+    user in with, and the identity provider's refresh token, with which the
+    server rechecks the user every ``sso_recheck_interval_s``. Ended
+    sessions stay as the record (``ended_at``, ``end_reason``)."""
+
+    __tablename__ = "sso_sessions"
+    __table_args__ = (Index("ix_sso_sessions_due", "ended_at", "checked_at"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    via: Mapped[str] = mapped_column(String(16))  # cli (device flow) or console
+    refresh_token: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    checked_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    end_reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class SsoLogin(Base):
+    """A console sign-in under way (the authorization-code flow): the PKCE
+    verifier and nonce for its ``state``, kept until the provider sends the
+    browser back (any replica may receive it), for ten minutes at most."""
+
+    __tablename__ = "sso_logins"
+    state_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    verifier: Mapped[str] = mapped_column(String(128))
+    nonce: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
 
 
 class ProjectMember(Base):
@@ -378,6 +416,38 @@ class NodeEvent(Base):
     count: Mapped[int] = mapped_column(Integer, default=1)
     first_timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+
+
+class AuditEvent(Base):
+    """One mutating API call or console action (``server/audit.py``): who,
+    from where, what, on which object, and the outcome. Rows are never
+    updated; housekeeping deletes those older than ``audit_retention_days``."""
+
+    __tablename__ = "audit_events"
+    # The log pages newest first by (timestamp, user_name, id), for all,
+    # one project, or one user.
+    __table_args__ = (
+        Index("ix_audit_time", "timestamp", "user_name", "id"),
+        Index("ix_audit_project_time", "project_id", "timestamp"),
+        Index("ix_audit_user_time", "user_name", "timestamp"),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    organization_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    user_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    # "" when the caller was not authenticated (a refused key, a failed sign-in).
+    user_name: Mapped[str] = mapped_column(String(64), default="")
+    via: Mapped[str] = mapped_column(String(16))  # api, console, host
+    address: Mapped[str] = mapped_column(String(64), default="")
+    method: Mapped[str] = mapped_column(String(8))
+    action: Mapped[str] = mapped_column(String(64))  # the route's name
+    route: Mapped[str] = mapped_column(String(200))
+    project_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    project_name: Mapped[str] = mapped_column(String(64), default="")
+    object: Mapped[str] = mapped_column(String(300), default="")
+    status: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))  # ok, refused, failed
+    detail: Mapped[str] = mapped_column(Text, default="")
 
 
 class UsageRecord(Base):

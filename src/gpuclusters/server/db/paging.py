@@ -1,7 +1,8 @@
 """Keyset pages of rows: see ``core/paging.py`` for the cursor.
 
 Most lists run oldest first by (created_at, name, id); node events run
-newest first by (timestamp, node_name, id). One range scan of an index per
+newest first by (timestamp, node_name, id), the audit log by (timestamp,
+user_name, id). One range scan of an index per
 page, however deep, and rows added or removed between pages shift nothing.
 """
 
@@ -14,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from gpuclusters.core.paging import Position, decode_cursor, encode_cursor
-from gpuclusters.server.db.models import Cluster, Host, Node, NodeEvent
+from gpuclusters.server.db.models import AuditEvent, Cluster, Host, Node, NodeEvent
 
-Row = TypeVar("Row", Cluster, Node, Host, NodeEvent)
+Row = TypeVar("Row", Cluster, Node, Host, NodeEvent, AuditEvent)
 
 
 def _sort_key(
@@ -26,12 +27,16 @@ def _sort_key(
     the last is the primary key)."""
     if issubclass(model, NodeEvent):
         return NodeEvent.timestamp, NodeEvent.node_name, NodeEvent.id
+    if issubclass(model, AuditEvent):
+        return AuditEvent.timestamp, AuditEvent.user_name, AuditEvent.id
     return model.created_at, model.name, model.id
 
 
 def _position(row: Row) -> Position:
     if isinstance(row, NodeEvent):
         return Position(created_at=row.timestamp, name=row.node_name, id=row.id)
+    if isinstance(row, AuditEvent):
+        return Position(created_at=row.timestamp, name=row.user_name, id=row.id)
     return Position(created_at=row.created_at, name=row.name, id=row.id)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Request, Response
@@ -13,6 +12,7 @@ from gpuclusters.core.paging import Page
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.routers.json import json_response
 from gpuclusters.server.routers.paging import PAGED, PageDep, paged_response
+from gpuclusters.server.routers.query_params import IsoTime
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.services import clusters, credentials, nodes, ssh, usage
 
@@ -234,8 +234,8 @@ async def usage_report(
     session: SessionDep,
     principal: PrincipalDep,
     rt: RuntimeDep,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: IsoTime | None = None,
+    until: IsoTime | None = None,
 ) -> api.UsageReport:
     return await usage.usage_report(
         session, rt=rt, principal=principal, project_name=project, since=since, until=until

@@ -35,11 +35,13 @@ from gpuclusters.core.errors import (
     AuthenticationError,
     ConflictError,
     GpuClustersError,
+    InvalidStateError,
     NotFoundError,
     UnavailableError,
     ValidationError,
 )
 from gpuclusters.core.health.catalog import ACTIVE_CHECKS
+from gpuclusters.server.audit_log import remember_principal
 from gpuclusters.server.deps import RuntimeDep, SessionDep
 from gpuclusters.server.errors import validation_error
 from gpuclusters.server.services import (
@@ -50,6 +52,7 @@ from gpuclusters.server.services import (
     gpu_charts,
     health,
     nodes,
+    sso,
     tenancy,
     usage,
 )
@@ -78,9 +81,11 @@ class SignInRequired(Exception):
 
 async def signed_in(request: Request, session: SessionDep) -> SignedIn:
     try:
-        return await sessions.resolve(session, token=request.cookies.get(COOKIE))
+        who = await sessions.resolve(session, token=request.cookies.get(COOKIE))
     except AuthenticationError as exc:
         raise SignInRequired(str(exc)) from exc
+    remember_principal(request.state, who.principal)  # for the audit log
+    return who
 
 
 SignedInDep = Annotated[SignedIn, Depends(signed_in)]
@@ -123,18 +128,73 @@ def _secure(request: Request) -> bool:
 
 
 @router.get("/login", response_class=HTMLResponse)
-async def login_form(request: Request) -> HTMLResponse:
-    return _page(request, "login.html", None, error=None)
+async def login_form(request: Request, rt: RuntimeDep, error: str | None = None) -> HTMLResponse:
+    return _page(request, "login.html", None, error=error, sso=rt.settings.sso_issuer)
+
+
+def _sso_redirect_uri(request: Request) -> str:
+    # Where the provider sends the browser back: this server as the browser
+    # reached it (the provider must list it: docs/identity.md).
+    return str(request.base_url).rstrip("/") + "/login/sso/callback"
+
+
+@router.get("/login/sso")
+async def login_sso(request: Request, session: SessionDep, rt: RuntimeDep) -> Response:
+    """Sign in through the identity provider (authorization code + PKCE)."""
+    try:
+        url = await sso.start_console_login(session, rt, redirect_uri=_sso_redirect_uri(request))
+    except (InvalidStateError, UnavailableError) as exc:
+        return _page(request, "login.html", None, status_code=409, error=str(exc),
+                     sso=rt.settings.sso_issuer)  # fmt: skip
+    return RedirectResponse(url, status_code=303)
+
+
+@router.get("/login/sso/callback")
+async def login_sso_callback(
+    request: Request,
+    session: SessionDep,
+    rt: RuntimeDep,
+    state: str = "",
+    code: str = "",
+    error: str = "",
+    error_description: str = "",
+) -> Response:
+    """The provider sends the browser back here with a code (or an error)."""
+    if error or not code or not state:
+        why = error_description or error or "the identity provider sent no code"
+        return _page(request, "login.html", None, status_code=401,
+                     error=f"single sign-on failed: {why}", sso=rt.settings.sso_issuer)  # fmt: skip
+    try:
+        signed = await sso.finish_console_login(
+            session, rt, state=state, code=code, redirect_uri=_sso_redirect_uri(request)
+        )
+        token, who = await sessions.sign_in(session, key=signed.key)
+    except (AuthenticationError, InvalidStateError, UnavailableError) as exc:
+        return _page(request, "login.html", None, status_code=401, error=str(exc),
+                     sso=rt.settings.sso_issuer)  # fmt: skip
+    remember_principal(request.state, who.principal)  # for the audit log
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=int(sessions.SESSION_TTL.total_seconds()),
+        httponly=True,
+        secure=_secure(request),
+        samesite="lax",
+    )
+    return response
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(
-    request: Request, session: SessionDep, api_key: Annotated[str, Form()] = ""
+    request: Request, session: SessionDep, rt: RuntimeDep, api_key: Annotated[str, Form()] = ""
 ) -> Response:
     try:
-        token, _ = await sessions.sign_in(session, key=api_key)
+        token, who = await sessions.sign_in(session, key=api_key)
     except AuthenticationError as exc:
-        return _page(request, "login.html", None, status_code=401, error=str(exc))
+        return _page(request, "login.html", None, status_code=401, error=str(exc),
+                     sso=rt.settings.sso_issuer)  # fmt: skip
+    remember_principal(request.state, who.principal)  # for the audit log
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(
         COOKIE,
@@ -152,7 +212,9 @@ async def logout(
     session: SessionDep, who: SignedInDep, csrf_token: Annotated[str, Form()] = ""
 ) -> Response:
     sessions.check_csrf(who, csrf_token)
-    await sessions.sign_out(session, signed_in=who)
+    key_id = await sessions.sign_out(session, signed_in=who)
+    if key_id is not None:
+        await sso.sign_out(session, key_id=key_id)  # a single sign-on session ends with it
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE)
     return response

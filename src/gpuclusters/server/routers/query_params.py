@@ -12,7 +12,12 @@ registry token's ``scope``) stay repeatable.
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
+from typing import Annotated
+
 from fastapi import Request
+from pydantic import BeforeValidator
 
 from gpuclusters.core import errors as e
 from gpuclusters.server import openapi
@@ -28,3 +33,18 @@ async def single_valued_query(request: Request) -> None:
     for key in params:
         if key not in repeatable and len(params.getlist(key)) > 1:
             raise e.ValidationError(f"{key}: may be given only once", field=key)
+
+
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([T ].*)?")
+
+
+def _iso_only(value: object) -> object:
+    """The document says ``date-time``; pydantic would also take a number
+    (Unix seconds), which the document rules out."""
+    if isinstance(value, str) and not _ISO_TIME.fullmatch(value.strip()):
+        raise ValueError("must be an ISO 8601 time, e.g. 2026-12-01T08:00:00Z")
+    return value
+
+
+# A time in a query string: ISO 8601 only.
+IsoTime = Annotated[datetime, BeforeValidator(_iso_only)]

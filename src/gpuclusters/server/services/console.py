@@ -76,6 +76,10 @@ def check_csrf(signed_in: SignedIn, presented: str | None) -> None:
         raise PermissionDeniedError("missing or wrong CSRF token: reload the page and retry")
 
 
-async def sign_out(session: AsyncSession, *, signed_in: SignedIn) -> None:
+async def sign_out(session: AsyncSession, *, signed_in: SignedIn) -> str | None:
+    """End the console session; the id of the API key it acted with."""
+    row = await session.get(ConsoleSession, signed_in.session_id)
+    key_id = row.api_key_id if row is not None else None
     await session.execute(delete(ConsoleSession).where(ConsoleSession.id == signed_in.session_id))
     await session.commit()
+    return key_id

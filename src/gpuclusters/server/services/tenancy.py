@@ -8,7 +8,7 @@ files on shared volumes; the name is a Unix account that stays on nodes).
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, delete, func, select, update
+from sqlalchemy import ColumnElement, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -101,7 +101,7 @@ async def bootstrap(session: AsyncSession) -> str | None:
     return key
 
 
-async def _next_uid(session: AsyncSession, organization_id: str) -> int:
+async def next_uid(session: AsyncSession, organization_id: str) -> int:
     # Deleted users keep their rows, so their uids count here: never reused.
     top = await session.scalar(
         select(func.max(User.uid)).where(User.organization_id == organization_id)
@@ -141,6 +141,8 @@ async def principal_for_key(
             .where(
                 which,
                 ApiKey.revoked_at.is_(None),
+                # A single sign-on session's key ends with the session.
+                or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > utcnow()),
                 # Deleting a user revokes their keys too; this holds even if not.
                 User.deleted_at.is_(None),
             )
@@ -310,7 +312,7 @@ async def create_api_key(
             organization_id=principal.organization_id,
             name=body.user,
             is_admin=False,
-            uid=await _next_uid(session, principal.organization_id),
+            uid=await next_uid(session, principal.organization_id),
         )
         session.add(user)
         await session.flush()
