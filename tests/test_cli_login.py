@@ -90,7 +90,13 @@ class TlsServer:
         return int(self.proc.returncode)
 
 
-def start_server(root: Path, *, tls_port: int | None = None, wait: bool = True) -> TlsServer:
+def start_server(
+    root: Path,
+    *,
+    tls_port: int | None = None,
+    wait: bool = True,
+    extra_env: dict[str, str] | None = None,
+) -> TlsServer:
     root.mkdir(parents=True, exist_ok=True)
     server = TlsServer(
         proc=None,  # type: ignore[arg-type]  # set just below
@@ -105,6 +111,7 @@ def start_server(root: Path, *, tls_port: int | None = None, wait: bool = True) 
         GPUCLUSTERS_TLS_PORT=str(server.tls_port),
         GPUCLUSTERS_FAKE_BOOT_DELAY_S="0.05",
         GPUCLUSTERS_ACCEPTANCE_CHECKS="[]",
+        **(extra_env or {}),
     )
     command = [*console_script(), "server", "--provider", "fake", "--port", str(server.port)]
     with server.log_path.open("wb") as log:

@@ -195,16 +195,19 @@ class Laptop(VethNamespace):
     def uid(self) -> int:
         return pwd.getpwnam(self.user).pw_uid
 
-    def run(
-        self,
-        *argv: str,
-        env: dict[str, str] | None = None,
-        stdin: str | None = None,
-        timeout: float = 120,
-        check: bool = False,
-    ) -> subprocess.CompletedProcess[str]:
-        """``argv`` as the laptop's user, inside the laptop's network, with a
-        plain login environment (no GPUCLUSTERS_* of the test process)."""
+    def popen(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """``argv`` started in the background as ``run`` runs it (stdout and
+        stderr piped, text); the caller waits for it."""
+        return subprocess.Popen(
+            self._command(argv, env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(self.home),
+        )
+
+    def _command(self, argv: tuple[str, ...], env: dict[str, str] | None) -> list[str]:
         base = {
             "HOME": str(self.home),
             "USER": self.user,
@@ -216,9 +219,21 @@ class Laptop(VethNamespace):
             "TMPDIR": str(self.tmp),
         }
         base.update(env or {})
-        cmd = ["ip", "netns", "exec", self.netns, "setpriv", f"--reuid={self.user}",
-               f"--regid={self.user}", "--init-groups", "--", "env", "-i",
-               *(f"{k}={v}" for k, v in base.items()), *argv]  # fmt: skip
+        return ["ip", "netns", "exec", self.netns, "setpriv", f"--reuid={self.user}",
+                f"--regid={self.user}", "--init-groups", "--", "env", "-i",
+                *(f"{k}={v}" for k, v in base.items()), *argv]  # fmt: skip
+
+    def run(
+        self,
+        *argv: str,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        timeout: float = 120,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` as the laptop's user, inside the laptop's network, with a
+        plain login environment (no GPUCLUSTERS_* of the test process)."""
+        cmd = self._command(argv, env)
         result = subprocess.run(
             cmd,
             input=stdin if stdin is not None else "",

@@ -11,17 +11,29 @@ Needs root, containerd/runc/CNI plugins and the Kubernetes binaries that
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+import jwt
 import pytest
+import yaml
 
 from gpuclusters.layers.kubernetes.config import DEFAULT_BIN_DIR
+from gpuclusters.server.security.cluster_tokens import (
+    DISCOVERY_PATH,
+    KEY_DIR,
+    KEY_FILE,
+    TokenIssuer,
+    ensure_signing_key,
+)
 
 if TYPE_CHECKING:
     from support.servers import ServerHandle, Servers
@@ -148,6 +160,39 @@ def kjson(kubeconfig: Path, *args: str) -> Any:
     return json.loads(kubectl(kubeconfig, *args, "-o", "json").stdout)
 
 
+def forged_token(
+    server: ServerHandle, *, audience: str | None = None, other_key: bool = False
+) -> str:
+    """A token for bob on k1 made with the server's own signing key (the
+    boundary's control: it must pass), for another audience, or signed by
+    another key."""
+    issuer = httpx.get(f"{server.url}{DISCOVERY_PATH}", timeout=10).json()["issuer"]
+    # The cluster's id, from the audience of a token the server issued.
+    issued = json.loads(ok(server, "clusters", "token", "k1"))["status"]["token"]
+    aud = jwt.decode(issued, options={"verify_signature": False})["aud"]
+    cluster_id = str(aud).removeprefix("gpuclusters:")
+    if other_key:
+        key = ensure_signing_key(server.home / "another-issuer")
+    else:
+        key = (server.home / KEY_DIR / KEY_FILE).read_bytes()
+    return TokenIssuer(key, issuer).mint(user="bob", cluster_id=audience or cluster_id).token
+
+
+def apiserver_status(server: ServerHandle, kubeconfig: Path, token: str) -> int:
+    """The apiserver's answer to bob listing pods with ``token``."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    ca = server.home / "k1-apiserver-ca.pem"
+    ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    r = httpx.get(
+        f"{cluster['server']}/api/v1/namespaces/default/pods",
+        headers={"Authorization": f"Bearer {token}"},
+        verify=ssl.create_default_context(cafile=str(ca)),
+        timeout=10,
+    )
+    return r.status_code
+
+
 def wait(what: str, check: Any, timeout: float = 120.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -179,6 +224,12 @@ def test_kubernetes_cluster_end_to_end(server_factory: Servers, tmp_path: Path) 
     kubeconfig = tmp_path / "k1.kubeconfig"
     ok(server, "clusters", "credentials", "k1", "--file", str(kubeconfig))
     assert kubeconfig.stat().st_mode & 0o777 == 0o600
+    # No credential of the user's in it: kubectl asks the CLI for a token of
+    # minutes at each run (docs/identity.md).
+    (entry,) = yaml.safe_load(kubeconfig.read_text())["users"]
+    assert set(entry["user"]) == {"exec"}, entry
+    assert entry["user"]["exec"]["args"][:3] == ["clusters", "token", "k1"]
+    assert Path(entry["user"]["exec"]["command"]).is_absolute()
 
     # 2 Ready nodes, 8 allocatable GPUs each, labelled with class, GPU type, island.
     nodes = kjson(kubeconfig, "get", "nodes")["items"]
@@ -248,12 +299,19 @@ def test_kubernetes_cluster_end_to_end(server_factory: Servers, tmp_path: Path) 
            "json")
     )["key"]  # fmt: skip
     bob = tmp_path / "bob.kubeconfig"
-    ok(server, "clusters", "credentials", "k1", "--file", str(bob),
-       env={"GPUCLUSTERS_API_KEY": editor_key})  # fmt: skip
+    bob_home = {"GPUCLUSTERS_HOME": str(tmp_path / "bob-home")}
+    ok(server, "login", "--url", server.url, "--api-key", editor_key, env=bob_home)
+    ok(server, "clusters", "credentials", "k1", "--file", str(bob), env=bob_home)
     assert kubectl(bob, "auth", "can-i", "create", "pods").stdout.strip() == "yes"
     assert kubectl(bob, "auth", "can-i", "delete", "nodes", check=False).stdout.strip() == "no"
-    who = kjson(bob, "auth", "whoami")["status"]["userInfo"]["username"]
-    assert who == "bob"
+    whoami = kjson(bob, "auth", "whoami")["status"]["userInfo"]
+    assert whoami["username"] == "bob" and "gpuclusters:users" in whoami["groups"]
+    # The apiserver takes the server's tokens for this cluster only, and no
+    # one else's: a token of the same key for another audience, or one of
+    # another key, is refused; the same request with a good token passes.
+    assert apiserver_status(server, kubeconfig, forged_token(server, audience=None)) == 200
+    assert apiserver_status(server, kubeconfig, forged_token(server, audience="x")) == 401
+    assert apiserver_status(server, kubeconfig, forged_token(server, other_key=True)) == 401
 
     # Active checks hold the node through a placeholder Job asking for all
     # 8 GPUs: a pod holding GPUs on one node makes that node's check wait.

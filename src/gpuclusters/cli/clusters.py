@@ -15,10 +15,12 @@ own entries change.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
+from datetime import UTC
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -59,8 +61,10 @@ from gpuclusters.cli.render import (
 from gpuclusters.client import Client
 from gpuclusters.client.errors import UnexpectedResponseError
 from gpuclusters.core import kubeconfig
+from gpuclusters.core.clientconfig import default_home
 from gpuclusters.core.enums import BillingType, ClusterType, NodePhase
-from gpuclusters.core.models import Cluster
+from gpuclusters.core.errors import ValidationError
+from gpuclusters.core.models import Cluster, ClusterCredentials
 
 app = typer.Typer(help="Create, inspect, scale and delete clusters.", no_args_is_help=True)
 
@@ -564,6 +568,67 @@ def configure(
     _show(output, cluster)
 
 
+def cli_command() -> str:
+    """This CLI's executable, as an absolute path (kubectl runs the exec
+    plugin with its own PATH and working directory)."""
+    me = Path(sys.argv[0])
+    if me.name == "gpuclusters" and me.is_file() and os.access(me, os.X_OK):
+        return str(me.resolve())
+    return shutil.which("gpuclusters") or "gpuclusters"
+
+
+def _runs_this_cli(creds: ClusterCredentials) -> ClusterCredentials:
+    """The kubeconfig with its exec plugin pointed at this CLI and this
+    CLI's home (its login), so kubectl gets tokens as the same user from
+    any shell."""
+    try:
+        config = kubeconfig.load(creds.kubeconfig)
+    except ValueError as exc:
+        raise UnexpectedResponseError(f"the server sent an invalid kubeconfig: {exc}") from exc
+    env = {"GPUCLUSTERS_HOME": str(default_home().resolve())}
+    updated = kubeconfig.with_exec_command(config, cli_command(), env)
+    if updated == config:
+        return creds
+    return creds.model_copy(update={"kubeconfig": kubeconfig.dump(updated)})
+
+
+@app.command("token")
+@api_command
+def token(
+    name: Annotated[str, typer.Argument()],
+    *,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            help="refuse unless the token would be this user's (the kubeconfig's own)",
+            show_default=False,
+        ),
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """A token of minutes on the cluster's Kubernetes API, as an
+    ExecCredential: what kubectl runs through the kubeconfig that
+    `clusters credentials` writes (you rarely run this yourself)."""
+    with open_client(project) as client:
+        got = client.clusters.token(name)
+    if user is not None and got.user != user:
+        raise ValidationError(
+            f"this kubeconfig is {user}'s, but the CLI is logged in as {got.user}: "
+            f"log in as {user} (gpuclusters login), or get your own (clusters credentials)",
+            field="user",
+        )
+    credential = {
+        "apiVersion": kubeconfig.EXEC_API_VERSION,
+        "kind": "ExecCredential",
+        "status": {
+            "token": got.token,
+            "expirationTimestamp": got.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+    }
+    typer.echo(json.dumps(credential))
+
+
 @app.command("credentials")
 @api_command
 def credentials(
@@ -605,6 +670,7 @@ def credentials(
     existing = kubefile.read(path) if path is not None else None
     with open_client(project) as client:
         creds = client.clusters.credentials(name, context_name=context_name)
+    creds = _runs_this_cli(creds)
     if path is None or existing is None:
         if output is OutputFormat.JSON:
             print_json(creds)

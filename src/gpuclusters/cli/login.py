@@ -16,11 +16,19 @@ An https server is trusted by one of:
 
 The CA is copied to ``$GPUCLUSTERS_HOME/ca.pem`` and every later command
 verifies the server with it.
+
+``--sso`` signs in through the organization's identity provider instead of
+an API key (docs/identity.md): the server starts a device sign-in (RFC 8628),
+the CLI prints the provider's page and a code, the user signs in there in
+any browser, and the CLI stores the session the server then hands out (an
+API key that ends with the session; never a password or a provider token).
+``gpuclusters logout`` ends it.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -35,11 +43,12 @@ from gpuclusters.client.client import fetch_ca_certificate
 from gpuclusters.core.clientconfig import (
     DEFAULT_PROJECT,
     default_home,
+    read_config,
     write_ca_file,
     write_config,
 )
-from gpuclusters.core.errors import NotFoundError, ValidationError
-from gpuclusters.core.models import WhoAmI
+from gpuclusters.core.errors import AuthenticationError, NotFoundError, ValidationError
+from gpuclusters.core.models import SsoPending, WhoAmI
 
 
 def _server_url(url: str) -> str:
@@ -81,6 +90,36 @@ def _choose_project(me: WhoAmI, wanted: str | None) -> str:
     return sorted(me.projects)[0]
 
 
+def _sso_session(server: str, project: str | None, ca_file: Path | None) -> str:
+    """Sign in at the identity provider (device flow); the session's key."""
+    err = stderr_console()
+    with Client(server, None, project or DEFAULT_PROJECT, ca_file=ca_file) as client:
+        if not client.auth.sso_info().enabled:
+            raise ValidationError(
+                f"{server} has no single sign-on; log in with an API key (--api-key)",
+                field="sso",
+            )
+        start = client.auth.start_device()
+        err.print(
+            f"To sign in, open {start.verification_uri_complete or start.verification_uri}\n"
+            f"and enter the code [bold]{start.user_code}[/bold] if asked.",
+            soft_wrap=True,
+        )
+        deadline = time.monotonic() + start.expires_in
+        interval = max(1, start.interval)
+        with err.status("waiting for you to sign in at the identity provider..."):
+            while True:
+                got = client.auth.poll_device(start.device_code)
+                if not isinstance(got, SsoPending):
+                    return got.key
+                interval = max(interval, got.interval if got.status == "slow_down" else 0)
+                if time.monotonic() + interval > deadline:
+                    raise AuthenticationError(
+                        "the sign-in code expired before you signed in; run the command again"
+                    )
+                time.sleep(interval)
+
+
 @api_command
 def login(
     *,
@@ -90,17 +129,23 @@ def login(
             "--url", show_default=False, help="the server's address, e.g. https://HOST:8443"
         ),
     ],
+    sso: Annotated[
+        bool,
+        typer.Option(
+            "--sso",
+            help="sign in through your organization's identity provider (a browser "
+            "page and a code) instead of an API key",
+        ),
+    ] = False,
     api_key: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--api-key",
             envvar="GPUCLUSTERS_API_KEY",
-            prompt="API key",
-            hide_input=True,
             show_default=False,
-            help="your API key (gpc_...); asked for when not given",
+            help="your API key (gpc_...); asked for when not given (and not --sso)",
         ),
-    ],
+    ] = None,
     ca_file: Annotated[
         Path | None,
         typer.Option(
@@ -129,8 +174,9 @@ def login(
     ] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Log in to a gpuclusters server: check the URL and API key, then save
-    them (and the server's CA) for later commands."""
+    """Log in to a gpuclusters server: check the URL and API key (or sign in
+    through the identity provider with --sso), then save them (and the
+    server's CA) for later commands."""
     server = _server_url(url)
     if ca_file is not None and ca_fingerprint is not None:
         raise ValidationError(
@@ -140,8 +186,11 @@ def login(
         raise ValidationError(
             f"--ca-file and --ca-fingerprint are for an https:// URL, got {server}", field="url"
         )
-    api_key = api_key.strip()
-    if not api_key:
+    if sso and api_key:
+        raise ValidationError("give --sso or --api-key, not both", field="api_key")
+    if not sso and api_key is None:
+        api_key = typer.prompt("API key", hide_input=True)
+    if not sso and not (api_key or "").strip():
         raise ValidationError("--api-key is empty", field="api_key")
 
     ca_pem: bytes | None = None
@@ -156,16 +205,39 @@ def login(
         if ca_pem is not None:
             trial_ca = Path(tmp) / "ca.pem"
             trial_ca.write_bytes(ca_pem)
-        with Client(server, api_key, project or DEFAULT_PROJECT, ca_file=trial_ca) as client:
+        key = _sso_session(server, project, trial_ca) if sso else (api_key or "").strip()
+        with Client(server, key, project or DEFAULT_PROJECT, ca_file=trial_ca) as client:
             me = client.whoami()
     chosen = _choose_project(me, project)
 
     home = default_home()
     stored_ca = str(write_ca_file(home, ca_pem).resolve()) if ca_pem is not None else None
-    path = write_config(home, url=server, api_key=api_key, project=chosen, ca_file=stored_ca)
+    path = write_config(home, url=server, api_key=key, project=chosen, ca_file=stored_ca)
     emit(output, me, render=lambda: whoami_view(me, url=server))
     stderr_console().print(
         f"logged in to {server} as {me.user} (project {chosen}); saved in {path}"
         + (f", CA in {stored_ca}" if stored_ca else ""),
         soft_wrap=True,
     )
+
+
+@api_command
+def logout() -> None:
+    """End your single sign-on session at the server (its key stops working)
+    and forget the key here. An API key is left valid at the server (an
+    admin revokes those) but forgotten here too."""
+    home = default_home()
+    stored = read_config(home)
+    if not stored.url or not stored.api_key:
+        stderr_console().print("not logged in")
+        return
+    with Client(stored.url, stored.api_key, ca_file=stored.ca_file) as client:
+        client.auth.logout()
+    write_config(
+        home,
+        url=stored.url,
+        api_key="",
+        project=stored.project or DEFAULT_PROJECT,
+        ca_file=stored.ca_file,
+    )
+    stderr_console().print(f"logged out of {stored.url}")

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from gpuclusters.client._session import Session, UntrustedServerError, make_http
 from gpuclusters.client.audit import AuditAPI
+from gpuclusters.client.auth import AuthAPI
 from gpuclusters.client.clusters import ClustersAPI
 from gpuclusters.client.config import ClientConfig
 from gpuclusters.client.errors import UnexpectedResponseError
@@ -105,6 +106,7 @@ class Client:
         self.ssh_keys = SshKeysAPI(self._session)
         self.users = UsersAPI(self._session)
         self.audit = AuditAPI(self._session)
+        self.auth = AuthAPI(self._session)
 
     @classmethod
     def from_config(

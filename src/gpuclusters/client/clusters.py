@@ -36,6 +36,7 @@ from gpuclusters.core.models import (
     Cluster,
     ClusterCreate,
     ClusterCredentials,
+    ClusterToken,
     ClusterUpdate,
     SshCertificate,
     SshTarget,
@@ -147,6 +148,13 @@ class ClustersAPI:
             self._s.project_path("clusters", name, "ssh-certificate"),
             model=SshCertificate,
             json=body,
+        )
+
+    def token(self, name: str) -> ClusterToken:
+        """A token of minutes for the caller on the cluster's Kubernetes API
+        (what a kubeconfig's exec credential plugin hands kubectl)."""
+        return self._s.send(
+            "POST", self._s.project_path("clusters", name, "token"), model=ClusterToken
         )
 
     def credentials(self, name: str, *, context_name: str | None = None) -> ClusterCredentials:

@@ -59,27 +59,60 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+EXEC_API_VERSION = "client.authentication.k8s.io/v1"
+# The command an exec user runs: the CLI, which the client that writes the
+# kubeconfig replaces with its own path (``with_exec_command``).
+EXEC_COMMAND = "gpuclusters"
+
+
+def exec_user(*, project: str, cluster: str, user: str) -> dict[str, Any]:
+    """A kubeconfig user that asks the CLI for a short-lived token of the
+    cluster at each kubectl run (client-go's exec credential plugin). The
+    CLI refuses to hand out a token of anyone but ``user``."""
+    return {
+        "exec": {
+            "apiVersion": EXEC_API_VERSION,
+            "command": EXEC_COMMAND,
+            "args": ["clusters", "token", cluster, "--project", project, "--user", user],
+            "env": None,
+            "interactiveMode": "Never",
+            "provideClusterInfo": False,
+        }
+    }
+
+
 def render(
     *,
     cluster_name: str,
     server: str,
     ca_pem: bytes,
     user_name: str,
-    client_cert_pem: bytes,
-    client_key_pem: bytes,
+    client_cert_pem: bytes | None = None,
+    client_key_pem: bytes | None = None,
+    exec_credential: dict[str, Any] | None = None,
     context_name: str | None = None,
     namespace: str | None = None,
 ) -> dict[str, Any]:
     """A one-context kubeconfig for ``user_name`` on the API server at
     ``server`` (``https://host:port``), authenticating with a client
-    certificate. The context (named ``context_name``, default the cluster's
-    name) is the current one."""
+    certificate or with an exec credential plugin (``exec_user``). The
+    context (named ``context_name``, default the cluster's name) is the
+    current one."""
     if not cluster_name:
         raise ValueError("cluster_name must not be empty")
     if not user_name:
         raise ValueError("user_name must not be empty")
     if not server.startswith("https://"):
         raise ValueError(f"server must be an https:// URL, got {server!r}")
+    if exec_credential is not None:
+        user: dict[str, Any] = exec_credential
+    elif client_cert_pem is not None and client_key_pem is not None:
+        user = {
+            "client-certificate-data": _b64(client_cert_pem),
+            "client-key-data": _b64(client_key_pem),
+        }
+    else:
+        raise ValueError("a kubeconfig user needs a client certificate or an exec credential")
     context = context_name or cluster_name
     user_entry = user_entry_name(user_name, context)
     ctx: dict[str, Any] = {"cluster": context, "user": user_entry}
@@ -95,18 +128,29 @@ def render(
                 "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)},
             }
         ],
-        "users": [
-            {
-                "name": user_entry,
-                "user": {
-                    "client-certificate-data": _b64(client_cert_pem),
-                    "client-key-data": _b64(client_key_pem),
-                },
-            }
-        ],
+        "users": [{"name": user_entry, "user": user}],
         "contexts": [{"name": context, "context": ctx}],
         "current-context": context,
     }
+
+
+def with_exec_command(
+    config: dict[str, Any], command: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``config`` with every exec user running ``command`` (an absolute
+    path: kubectl may run with another PATH), with ``env`` set for it."""
+    out = dict(config)
+    users = []
+    for entry in config.get("users") or []:
+        user = dict(entry.get("user") or {})
+        if isinstance(user.get("exec"), dict) and user["exec"].get("command") == EXEC_COMMAND:
+            exe = dict(user["exec"])
+            exe["command"] = command
+            exe["env"] = [{"name": k, "value": v} for k, v in sorted((env or {}).items())] or None
+            user["exec"] = exe
+        users.append({**entry, "user": user})
+    out["users"] = users
+    return out
 
 
 def dump(config: dict[str, Any]) -> str:

@@ -920,10 +920,22 @@ class CredentialsRequest(_Model):
         return value
 
 
+class ClusterToken(_Out):
+    """A token of minutes for the caller on one cluster's Kubernetes API
+    (what the kubeconfig's exec credential plugin hands kubectl)."""
+
+    cluster: str
+    user: str
+    token: str
+    expires_at: datetime
+
+
 class ClusterCredentials(_Out):
     """A kubeconfig for the caller on the cluster's Kubernetes API: the
     context (and its cluster and user entries, ``<context>`` and
-    ``<user>@<context>``) is current; certificates are embedded."""
+    ``<user>@<context>``) is current. Its user runs ``gpuclusters clusters
+    token`` for a token at each kubectl run where the server signs tokens
+    (docs/identity.md); elsewhere a client certificate is embedded."""
 
     cluster: str
     context: str

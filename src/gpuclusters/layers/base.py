@@ -91,6 +91,20 @@ class RegistryRef:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenIssuerRef:
+    """Who signs users' short-lived Kubernetes tokens (the server;
+    docs/identity.md): the issuer in the tokens (``iss``), the audience of
+    this cluster's tokens, where its apiserver reads the issuer's keys (the
+    discovery document, on a listener nodes reach) and the CA that serves
+    it (``None``: the system's trust store)."""
+
+    issuer: str
+    audience: str
+    discovery_url: str
+    ca_pem: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterRef:
     cluster_id: str
     name: str
@@ -109,6 +123,9 @@ class ClusterRef:
     ssh: SshAccess | None = None
     # None where the server runs no registry.
     registry: RegistryRef | None = None
+    # None where the server signs no Kubernetes tokens (no TLS, no listener
+    # nodes reach): users' kubeconfigs then carry client certificates.
+    token_issuer: TokenIssuerRef | None = None
     # The project's host id block (its nodes' user namespaces); None where
     # the caller did not load it (the provider then uses the cluster's).
     host_ids: IdBlock | None = None
@@ -197,8 +214,11 @@ class ClusterLayer(ABC):
         return await self.drain(cluster, node, reason=reason, deadline=deadline)
 
     @abstractmethod
-    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
-        """A kubeconfig for this user."""
+    async def credentials(
+        self, cluster: ClusterRef, *, user: str, admin: bool, project: str = ""
+    ) -> str:
+        """A kubeconfig for this user (``project``: the cluster's project's
+        name, which a kubeconfig that asks for tokens names)."""
 
     async def gateway_targets(self, cluster: ClusterRef) -> dict[str, tuple[str, int]]:
         """Where the gateway's ports lead, by name ("ssh": the login node's

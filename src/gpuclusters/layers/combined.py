@@ -136,5 +136,7 @@ class SlurmAndKubernetesLayer(ClusterLayer):
     async def sync_access(self, cluster: ClusterRef) -> None:
         await asyncio.gather(self.slurm.sync_access(cluster), self.kubernetes.sync_access(cluster))
 
-    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
-        return await self.kubernetes.credentials(cluster, user=user, admin=admin)
+    async def credentials(
+        self, cluster: ClusterRef, *, user: str, admin: bool, project: str = ""
+    ) -> str:
+        return await self.kubernetes.credentials(cluster, user=user, admin=admin, project=project)

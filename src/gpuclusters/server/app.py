@@ -57,6 +57,7 @@ from gpuclusters.server.routers import (
     health,
     hosts,
     metrics,
+    oidc,
     query_params,
     registry,
     ssh_keys,
@@ -65,6 +66,12 @@ from gpuclusters.server.routers import (
     volumes,
 )
 from gpuclusters.server.runtime import Runtime, layers_for_provider
+from gpuclusters.server.security.cluster_tokens import (
+    DISCOVERY_PATH,
+    JWKS_PATH,
+    TokenIssuer,
+    ensure_signing_key,
+)
 from gpuclusters.server.security.hosts_pki import agent_client_context, ensure_hosts_pki
 from gpuclusters.server.security.oidc import OidcClient
 from gpuclusters.server.security.registry_tokens import ensure_registry_keys
@@ -80,6 +87,11 @@ REQUESTS = Counter(
     "gpuclusters_http_requests_total", "HTTP requests", ["method", "route", "status"]
 )
 LATENCY = Histogram("gpuclusters_http_request_seconds", "HTTP request latency", ["method", "route"])
+
+
+# What the listener nodes may reach serves: the registry's token endpoint,
+# and the keys apiservers check users' tokens with (security/cluster_tokens).
+NODE_LISTENER_PATHS = frozenset({"/v1/registry/token", DISCOVERY_PATH, JWKS_PATH})
 
 
 class MetricsMiddleware:
@@ -211,6 +223,9 @@ async def _prepare_runtime(settings: Settings, engine: AsyncEngine) -> Runtime:
         volumes=VolumeStore(settings.volumes_dir or settings.home / "volumes"),
         layers=layers_for_provider(provider, k8s_bin_dir=settings.k8s_bin),
     )
+    if settings.tls_enabled:
+        key = await asyncio.to_thread(ensure_signing_key, settings.home)
+        rt.token_issuer = TokenIssuer(key, issuer=settings.tls_url)
     async with rt.sessionmaker() as session:
         await sync_hosts(session, await provider.hosts())
     await _bootstrap_config(rt)
@@ -392,12 +407,13 @@ def create_app(
             # endpoint and nothing else of the API.
             server = request.scope.get("server")
             on_token_port = server is not None and server[1] == token_port
-            if on_token_port and request.url.path != "/v1/registry/token":
+            if on_token_port and request.url.path not in NODE_LISTENER_PATHS:
                 return JSONResponse(
                     status_code=404,
                     content={
                         "code": "not_found",
-                        "message": "this port serves only /v1/registry/token",
+                        "message": "this port serves only "
+                        + ", ".join(sorted(NODE_LISTENER_PATHS)),
                         "field": None,
                     },
                 )
@@ -421,6 +437,7 @@ def create_app(
         ssh_keys.router,
         audit.router,
         auth.router,
+        oidc.router,
     ):
         app.include_router(router)
     return app

@@ -19,8 +19,10 @@ What a record holds:
   console answers a form it refused with a redirect back to the page with
   ``?error=<message>``: that is recorded as refused, with the message.
 
-Not recorded: reads (GET), and machine traffic that is not anyone's action
-(node and host agents' heartbeats, the rule engine's alerts).
+Not recorded: reads (GET, but for the provider sending a browser back to
+sign in), machine traffic that is not anyone's action
+(node and host agents' heartbeats, the rule engine's alerts), and a device
+sign-in's polls while it is pending (its outcome is recorded).
 
 The record is written after the answer has gone out, so it costs the caller
 no latency; a server killed in between loses that one record (the action
@@ -44,9 +46,14 @@ log = logging.getLogger(__name__)
 
 PRINCIPAL_STATE = "audit_principal"
 AUDITED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# GETs that act: the identity provider sends the browser back to sign it in.
+AUDITED_GETS = frozenset({"/login/sso/callback"})
 # Machines, not people: heartbeats, and the alerts vmalert posts.
 NOT_AUDITED_ROUTES = frozenset({"/v1/hosts/{name}/heartbeat", "/v1/metrics/alerts/api/v2/alerts"})
 NOT_AUDITED_PREFIXES = ("/agent/",)
+# A device sign-in's polls while the user has not finished (202): only its
+# outcome is anyone's action.
+NOT_AUDITED_WHILE_PENDING = frozenset({"/v1/auth/sso/device/token"})
 BODY_LIMIT = 64 * 1024  # enough for any create's body; more is not read for the name
 ERROR_LIMIT = 4096
 NAME_FIELDS = ("name", "user")
@@ -131,7 +138,7 @@ class AuditMiddleware:
         path = str(scope.get("path", ""))
         if (
             scope["type"] != "http"
-            or scope["method"] not in AUDITED_METHODS
+            or (scope["method"] not in AUDITED_METHODS and path not in AUDITED_GETS)
             or path.startswith(NOT_AUDITED_PREFIXES)
         ):
             await self.app(scope, receive, send)
@@ -177,6 +184,8 @@ class AuditMiddleware:
         template = getattr(route, "path", None)
         if template is None or template in NOT_AUDITED_ROUTES:
             return  # no such route: nothing was acted on
+        if status == 202 and template in NOT_AUDITED_WHILE_PENDING:
+            return
         principal = state.get(PRINCIPAL_STATE)
         params = scope.get("path_params") or {}
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}

@@ -24,6 +24,7 @@ from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server.controllers.hints import Hints
 from gpuclusters.server.metrics_db import MetricsDb
 from gpuclusters.server.registry_daemon import RegistryRuntime
+from gpuclusters.server.security.cluster_tokens import TokenIssuer
 from gpuclusters.server.security.oidc import OidcClient
 from gpuclusters.server.settings import Settings
 
@@ -58,6 +59,9 @@ class Runtime:
     metrics_db: MetricsDb | None = None
     # The identity provider's client, where single sign-on is configured.
     oidc: OidcClient | None = None
+    # The signer of users' Kubernetes tokens (over TLS only: apiservers
+    # accept an https issuer only).
+    token_issuer: TokenIssuer | None = None
     metrics_scrape_token: str | None = None
     # GPU samples from the node agents' heartbeats, for the console's charts.
     telemetry: TelemetryHistory = field(default_factory=TelemetryHistory)

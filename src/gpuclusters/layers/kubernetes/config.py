@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuclusters.core.catalog import GPU_TYPES
-from gpuclusters.layers.base import RegistryRef
+from gpuclusters.layers.base import RegistryRef, TokenIssuerRef
 
 K8S_VERSION = "1.34.4"
 DEFAULT_CACHE = Path("/var/cache/gpuclusters/k8s")
@@ -118,6 +118,8 @@ class K8sSpec:
     public_names: tuple[str, ...] = ()
     # The image registry nodes pull from (None: imported images only).
     registry: RegistryRef | None = None
+    # Who signs users' tokens (None: users hold client certificates).
+    token_issuer: TokenIssuerRef | None = None
 
     @property
     def server(self) -> str:
@@ -431,7 +433,50 @@ def etcd_argv(spec: K8sSpec) -> list[str]:
     ]
 
 
+AUTHN_CONFIG = f"{ETC}/authentication.yaml"
+
+
+def authentication_config(spec: K8sSpec) -> str:
+    """The apiserver's structured authentication (docs/identity.md): users'
+    short-lived tokens from the gpuclusters server, for this cluster only
+    (its audience), their name and groups as the RBAC bindings carry them
+    (no prefix: the names are the users' own, as in a client certificate's
+    CN, and a token's ``sub`` is always a user name the server checked)."""
+    issuer = spec.token_issuer
+    assert issuer is not None
+    entry: dict[str, Any] = {
+        "issuer": {
+            "url": issuer.issuer,
+            "discoveryURL": issuer.discovery_url,
+            "audiences": [issuer.audience],
+        },
+        "claimMappings": {
+            "username": {"claim": "sub", "prefix": ""},
+            "groups": {"claim": "groups", "prefix": ""},
+        },
+        "userValidationRules": [
+            {
+                "expression": "!user.username.startsWith('system:')",
+                "message": "a user token may not name a system: user",
+            }
+        ],
+    }
+    if issuer.ca_pem:
+        entry["issuer"]["certificateAuthority"] = issuer.ca_pem
+    doc = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AuthenticationConfiguration",
+        "jwt": [entry],
+    }
+    return json.dumps(doc, indent=1) + "\n"
+
+
 def apiserver_argv(spec: K8sSpec) -> list[str]:
+    authn = [f"--authentication-config={AUTHN_CONFIG}"] if spec.token_issuer else []
+    return [*_apiserver_argv(spec), *authn]
+
+
+def _apiserver_argv(spec: K8sSpec) -> list[str]:
     return [
         spec.bin("kube-apiserver"),
         f"--advertise-address={spec.api_address}",

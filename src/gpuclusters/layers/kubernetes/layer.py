@@ -89,6 +89,7 @@ class KubernetesLayer(ClusterLayer):
             bin_dir=str(self.bin_dir),
             public_names=(cluster.gateway.host,) if cluster.gateway else (),
             registry=cluster.registry,
+            token_issuer=cluster.token_issuer,
         )
 
     def _check_binaries(self) -> None:
@@ -426,9 +427,14 @@ class KubernetesLayer(ClusterLayer):
             cp, spec, [(n, a) for n, a in members if cfg.user_binding_name(n) in have]
         )
 
-    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
-        """A kubeconfig with a client certificate for ``user`` (CN = the user
-        name), whose RBAC binding (cluster-admin or edit) is made first."""
+    async def credentials(
+        self, cluster: ClusterRef, *, user: str, admin: bool, project: str = ""
+    ) -> str:
+        """A kubeconfig for ``user``, whose RBAC binding (cluster-admin or
+        edit) is made first. Where the server signs users' tokens its user
+        runs the CLI as an exec credential plugin (a token of minutes per
+        kubectl run; docs/identity.md); elsewhere it holds a client
+        certificate (CN = the user name)."""
         cp = await self._control_plane(cluster)
         spec = self._spec(cluster, cp)
         ca = await stack.read_ca(cp)
@@ -436,14 +442,27 @@ class KubernetesLayer(ClusterLayer):
         if ca is None or api is None or not await api.ready():
             raise InvalidStateError(f"cluster {cluster.name}: Kubernetes is not up yet")
         await stack.reconcile_rbac(cp, spec, [(user, admin)])
+        # The gateway's endpoint, reachable from users' machines; the node
+        # address only where there is no gateway.
+        server = (cluster.gateway and cluster.gateway.kubernetes_url) or spec.server
+        if spec.token_issuer is not None and project:
+            await stack.ensure_token_authentication(cp, spec, api)
+            config = kubeconfig.render(
+                cluster_name=cluster.name,
+                server=server,
+                ca_pem=ca.cert,
+                user_name=user,
+                exec_credential=kubeconfig.exec_user(
+                    project=project, cluster=cluster.name, user=user
+                ),
+            )
+            return kubeconfig.dump(config)
         pair = pki.issue(
             ca, user, organizations=["gpuclusters:users"], client=True, days=USER_CERT_DAYS
         )
         config = kubeconfig.render(
             cluster_name=cluster.name,
-            # The gateway's endpoint, reachable from users' machines; the
-            # node address only where there is no gateway.
-            server=(cluster.gateway and cluster.gateway.kubernetes_url) or spec.server,
+            server=server,
             ca_pem=ca.cert,
             user_name=user,
             client_cert_pem=pair.cert,

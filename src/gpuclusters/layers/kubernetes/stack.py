@@ -241,11 +241,28 @@ async def start_control_plane(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
         _ensure_service_account_key(cp),
     )
     changed = any(changes[:-1])  # a new service-account key restarts nothing by itself
+    authn = await write_authentication_config(cp, spec)
 
     await cp.run(["install", "-d", "-m", "0700", cfg.ETCD_DATA])
     await cp.spawn(cfg.ETCD, cfg.etcd_argv(spec))
-    await _respawn(cp, cfg.APISERVER, cfg.apiserver_argv(spec), changed)
+    await _respawn(cp, cfg.APISERVER, cfg.apiserver_argv(spec), changed or authn)
     return changed
+
+
+async def write_authentication_config(cp: NodeShell, spec: cfg.K8sSpec) -> bool:
+    """The apiserver's structured authentication file (users' tokens), where
+    the server signs them; whether it changed."""
+    if spec.token_issuer is None:
+        return False
+    return await cp.write_file(cfg.AUTHN_CONFIG, cfg.authentication_config(spec).encode())
+
+
+async def ensure_token_authentication(cp: NodeShell, spec: cfg.K8sSpec, api: KubeAPI) -> None:
+    """For a cluster whose apiserver started before it trusted users' tokens:
+    write its authentication file and restart it with the flag (once)."""
+    if await write_authentication_config(cp, spec):
+        await _respawn(cp, cfg.APISERVER, cfg.apiserver_argv(spec), True)
+        await wait_ready(api)
 
 
 async def wait_ready(api: KubeAPI, *, timeout_s: float = 120.0) -> None:

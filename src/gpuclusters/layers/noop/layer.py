@@ -37,7 +37,9 @@ class NoopLayer(ClusterLayer):
     async def delete(self, cluster: ClusterRef) -> None:
         return None
 
-    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
+    async def credentials(
+        self, cluster: ClusterRef, *, user: str, admin: bool, project: str = ""
+    ) -> str:
         raise InvalidStateError(
             f"cluster {cluster.name} has no Kubernetes control plane on this provider "
             "(fake nodes are bookkeeping only; use the netns provider for real clusters)"

@@ -264,7 +264,9 @@ class SlurmLayer(ClusterLayer):
             *(one(s) for s in shells),
         )
 
-    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
+    async def credentials(
+        self, cluster: ClusterRef, *, user: str, admin: bool, project: str = ""
+    ) -> str:
         raise InvalidStateError(
             f"cluster {cluster.name}: Kubernetes credentials arrive with the Kubernetes layer"
         )

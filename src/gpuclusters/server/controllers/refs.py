@@ -17,6 +17,7 @@ from gpuclusters.layers.base import (
     NodeRef,
     RegistryRef,
     SshAccess,
+    TokenIssuerRef,
     UnixUser,
 )
 from gpuclusters.providers.base import NodeSpec
@@ -24,6 +25,7 @@ from gpuclusters.server.db.allocation import WorkProbe
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, ProjectMember, User
 from gpuclusters.server.db.ssh import live_keys, org_authority
 from gpuclusters.server.runtime import Runtime
+from gpuclusters.server.security.cluster_tokens import DISCOVERY_PATH, audience_of
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,30 @@ async def load_cluster_ref(
         kubernetes_port=cluster.kubernetes_port,
     )
     access = await ssh_access(session, cluster, accounts) if ssh else None
-    return replace(ref, gateway=gateway, ssh=access, registry=registry_ref(rt, cluster.id))
+    return replace(
+        ref,
+        gateway=gateway,
+        ssh=access,
+        registry=registry_ref(rt, cluster.id),
+        token_issuer=token_issuer_ref(rt, cluster.id),
+    )
+
+
+def token_issuer_ref(rt: Runtime, cluster_id: str) -> TokenIssuerRef | None:
+    """The server as the signer of users' Kubernetes tokens, as the
+    cluster's apiserver trusts it: its keys are read on the registry's
+    token listener, the one listener of the server nodes may reach."""
+    if rt.token_issuer is None or rt.registry is None:
+        return None
+    host = rt.settings.gateway_host
+    if ":" in host:
+        host = f"[{host}]"
+    return TokenIssuerRef(
+        issuer=rt.token_issuer.issuer,
+        audience=audience_of(cluster_id),
+        discovery_url=f"https://{host}:{rt.settings.registry_token_port}{DISCOVERY_PATH}",
+        ca_pem=rt.registry.ca_pem,
+    )
 
 
 def registry_ref(rt: Runtime, cluster_id: str) -> RegistryRef | None:

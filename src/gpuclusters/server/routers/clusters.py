@@ -168,6 +168,18 @@ async def cluster_credentials(
     )
 
 
+@router.post("/clusters/{name}/token", response_model=api.ClusterToken)
+async def cluster_token(
+    project: str, name: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.ClusterToken:
+    """A token of five minutes for the caller on the cluster's Kubernetes
+    API, checked against their membership now (the kubeconfig's exec
+    credential plugin asks for one at each kubectl run)."""
+    return await credentials.cluster_token(
+        session, rt=rt, principal=principal, project_name=project, cluster_name=name
+    )
+
+
 @router.get("/nodes", response_model=list[api.Node], responses=PAGED)
 async def list_nodes(
     project: str,
