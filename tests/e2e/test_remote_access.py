@@ -278,10 +278,16 @@ def test_revocations_stop_new_logins_within_a_minute(world: World) -> None:
     world.ok("clusters", "credentials", "demo", "--file", kubeconfig, home=".carol")
     pods = ["kubectl", "--kubeconfig", kubeconfig, "get", "pods"]
     assert laptop.run(*pods).returncode == 0
+    # A token she holds already (tokens last 5 minutes).
+    token = json.loads(world.ok("clusters", "token", "demo", home=".carol"))["status"]["token"]
     world.admin("projects", "members", "remove", "carol", "--project", "default")
     _until_login(world, "carol", f"{laptop.home}/carol_key", works=False)
-    # Her kubeconfig's certificate is still valid, but authorizes nothing.
-    _until(lambda: "Forbidden" in laptop.run(*pods).stderr, timeout=REVOKE_WITHIN_S)
+    # Her kubeconfig gets no token any more: the next kubectl run is refused.
+    refused = laptop.run(*pods)
+    assert refused.returncode != 0 and "not found" in refused.stderr, refused.stderr
+    # And the token she held authorizes nothing: her RBAC binding is gone.
+    held = [*pods, "--token", token]
+    _until(lambda: "Forbidden" in laptop.run(*held).stderr, timeout=REVOKE_WITHIN_S)
     # A deleted SSH key is refused; the user's certificate path still works.
     keys = json.loads(world.ok("ssh-keys", "list", "--output", "json"))
     world.ok("ssh-keys", "delete", keys[0]["id"])
