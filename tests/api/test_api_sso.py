@@ -244,3 +244,23 @@ async def test_tokens_of_another_issuer_or_with_a_bad_signature_are_refused(
     )
     with pytest.raises(OidcError, match="not valid"):
         await ours.verify_id_token(forged_token)
+
+
+async def test_a_provider_that_does_not_answer_ends_no_session(api: ApiHarness, dex: Dex) -> None:
+    signed = await _device_sign_in(api, "alice")
+    await asyncio.to_thread(dex.stop)
+    try:
+        # Several recheck intervals with the provider down: still signed in.
+        await asyncio.sleep(4 * RECHECK_S + 2 * api.settings.housekeeping_interval_s)
+        assert (await _whoami(api, signed["key"])).status_code == 200
+    finally:
+        await asyncio.to_thread(dex.start)
+    # Back up: the next recheck goes through (a role change still applies).
+    dex.users["alice"].groups = ["ml-leads"]
+    await asyncio.to_thread(dex.restart)
+
+    async def admin_again() -> bool:
+        me = (await _whoami(api, signed["key"])).json()
+        return me.get("projects", {}).get("default") == "admin"
+
+    await _until("alice rechecked once the provider is back", admin_again)

@@ -113,7 +113,8 @@ async def lock_out(session: AsyncSession, rt: Runtime, user: User, reason: str) 
 
 async def recheck_sessions(rt: Runtime) -> int:
     """Refresh the sessions due at the provider (housekeeping); how many
-    were checked."""
+    were checked. A provider that cannot be reached ends the pass: the
+    others would wait for it the same way."""
     if rt.oidc is None:
         return 0
     now = utcnow()
@@ -127,44 +128,58 @@ async def recheck_sessions(rt: Runtime) -> int:
                 .limit(RECHECK_BATCH)
             )
         )
+    checked = 0
     for session_id in ids:
-        await _recheck_one(rt, rt.oidc, session_id)
+        if not await _recheck_one(rt, rt.oidc, session_id):
+            break
+        checked += 1
     async with rt.sessionmaker() as session:
         # Console sign-ins nobody finished.
         await session.execute(delete(SsoLogin).where(SsoLogin.created_at < now - LOGIN_TTL))
         await session.commit()
-    return len(ids)
+    return checked
 
 
-async def _recheck_one(rt: Runtime, oidc: OidcClient, session_id: str) -> None:
+async def _recheck_one(rt: Runtime, oidc: OidcClient, session_id: str) -> bool:
+    """One session against the provider; False if the provider could not
+    be reached. No transaction is held while the provider answers: the
+    session is read, then written if it is still the one that was read."""
     async with rt.sessionmaker() as session:
         row = await session.get(SsoSession, session_id)
         if row is None or row.ended_at is not None:
-            return
-        user = await session.get_one(User, row.user_id)
+            return True
         now = utcnow()
         if row.expires_at <= now:
             await end_session(session, row, "expired", now)
             await session.commit()
-            return
-        try:
-            tokens = await oidc.refresh(row.refresh_token)
-        except InvalidGrantError as exc:
-            await lock_out(session, rt, user, f"the identity provider refused: {exc}")
-            return
-        except OidcUnavailableError as exc:
-            log.warning("single sign-on: cannot recheck %s now: %s", user.name, exc)
-            return
-        except OidcError as exc:
-            await lock_out(session, rt, user, f"the identity provider's answer: {exc}")
-            return
+            return True
+        refresh_token, user_id = row.refresh_token, row.user_id
+    try:
+        tokens = await oidc.refresh(refresh_token)
+        refused = None
+    except OidcUnavailableError as exc:
+        log.warning("single sign-on: cannot recheck sessions now: %s", exc)
+        return False
+    except InvalidGrantError as exc:
+        refused = f"the identity provider refused: {exc}"
+    except OidcError as exc:
+        refused = f"the identity provider's answer: {exc}"
+    async with rt.sessionmaker() as session:
+        row = await session.get(SsoSession, session_id)
+        if row is None or row.ended_at is not None or row.refresh_token != refresh_token:
+            return True  # ended, or rechecked by someone else, meanwhile
+        user = await session.get_one(User, user_id)
+        if refused is not None:
+            await lock_out(session, rt, user, refused)
+            return True
         if str(tokens.claims.get("sub")) != user.sso_subject:
             await lock_out(session, rt, user, "the identity provider answered for someone else")
-            return
+            return True
         row.refresh_token = tokens.refresh_token or row.refresh_token
-        row.checked_at = now
+        row.checked_at = utcnow()
         changed = await apply_grants(session, rt, user, grants_from_claims(rt, tokens.claims))
         await session.commit()
-        if changed:
-            rt.hints.notify(hints.ACCESS)
-            log.info("single sign-on: %s's roles changed at the identity provider", user.name)
+    if changed:
+        rt.hints.notify(hints.ACCESS)
+        log.info("single sign-on: %s's roles changed at the identity provider", user.name)
+    return True
