@@ -39,12 +39,16 @@ class StubCredentialsLayer(NoopLayer):
     calls: list[tuple[str, str, bool]] = field(default_factory=list)
     stuck: set[str] = field(default_factory=set)  # clusters whose control plane never comes up
     fail_with: LayerError | None = None
+    projects: list[str] = field(default_factory=list)  # the project each call named
 
     async def ensure_control_plane(self, cluster: ClusterRef) -> bool:
         return cluster.name not in self.stuck
 
-    async def credentials(self, cluster: ClusterRef, *, user: str, admin: bool) -> str:
+    async def credentials(
+        self, cluster: ClusterRef, *, user: str, admin: bool, project: str = ""
+    ) -> str:
         self.calls.append((cluster.name, user, admin))
+        self.projects.append(project)
         if self.fail_with is not None:
             raise self.fail_with
         leaf = pki.issue(
@@ -112,6 +116,7 @@ async def test_admin_gets_a_kubeconfig_as_cluster_admin(
     body = r.json()
     assert (body["cluster"], body["context"], body["user"]) == ("demo", "demo", "admin")
     assert stub.calls == [("demo", "admin", True)]
+    assert stub.projects == ["default"]  # named in kubeconfigs that ask for tokens
     config = kubeconfig.load(body["kubeconfig"])
     assert config["current-context"] == "demo"
     assert kubeconfig.entry_data(config, "clusters", "demo")["server"] == SERVER

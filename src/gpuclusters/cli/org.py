@@ -39,10 +39,12 @@ from gpuclusters.core.models import (
     Host,
     Project,
     ProjectMember,
+    ProjectQuota,
     Region,
     User,
     WhoAmI,
 )
+from gpuclusters.core.quotas import WHAT
 
 projects_app = typer.Typer(help="Projects you belong to.", no_args_is_help=True)
 api_keys_app = typer.Typer(help="Issue API keys.", no_args_is_help=True)
@@ -50,8 +52,13 @@ hosts_app = typer.Typer(help="The fleet of hosts (org admins).", no_args_is_help
 gpu_types_app = typer.Typer(help="GPU types on offer.", no_args_is_help=True)
 regions_app = typer.Typer(help="Regions.", no_args_is_help=True)
 members_app = typer.Typer(help="Members of a project.", no_args_is_help=True)
+quota_app = typer.Typer(
+    help="A project's quotas: what it may hold at once (organization admins set them).",
+    no_args_is_help=True,
+)
 users_app = typer.Typer(help="The organization's users (org admins).", no_args_is_help=True)
 projects_app.add_typer(members_app, name="members")
+projects_app.add_typer(quota_app, name="quota")
 
 
 def projects_table(projects: Sequence[Project]) -> RenderableType:
@@ -181,6 +188,77 @@ def projects_create(
     with open_client() as client:
         project = client.projects.create({"name": name, "description": description})
     emit(output, project, render=lambda: projects_table([project]))
+
+
+def quota_view(q: ProjectQuota) -> RenderableType:
+    t = table("QUOTA", "LIMIT", "USE")
+    for name in WHAT:
+        limit = getattr(q.limits, name)
+        t.add_row(name, "none" if limit is None else str(limit), str(getattr(q.use, name)))
+    return t
+
+
+def _limit(value: str | None, name: str) -> int | None:
+    if value is None or value == "none":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is not a whole number (or none)", param_hint=f"--{name}"
+        ) from None
+    if number < 0:
+        raise typer.BadParameter("must be 0 or more (or none)", param_hint=f"--{name}")
+    return number
+
+
+@quota_app.command("get")
+@api_command
+def quota_get(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """The project's quotas and what it holds now."""
+    with open_client(project) as client:
+        q = client.projects.quota()
+    emit(output, q, render=lambda: quota_view(q))
+
+
+@quota_app.command("set")
+@api_command
+def quota_set(
+    *,
+    standard_gpus: Annotated[
+        str | None, typer.Option("--standard-gpus", help="a number, or none", show_default=False)
+    ] = None,
+    preemptible_gpus: Annotated[
+        str | None,
+        typer.Option("--preemptible-gpus", help="a number, or none", show_default=False),
+    ] = None,
+    clusters: Annotated[
+        str | None, typer.Option("--clusters", help="a number, or none", show_default=False)
+    ] = None,
+    volume_tib: Annotated[
+        str | None,
+        typer.Option("--volume-tib", help="TiB of volumes, or none", show_default=False),
+    ] = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Set the project's quotas (organization admins). Quotas not given keep
+    their value; none removes a limit."""
+    given = {
+        "standard_gpus": standard_gpus,
+        "preemptible_gpus": preemptible_gpus,
+        "clusters": clusters,
+        "volume_tib": volume_tib,
+    }
+    if all(v is None for v in given.values()):
+        raise typer.BadParameter("give at least one quota to set")
+    with open_client(project) as client:
+        current = client.projects.quota().limits.model_dump()
+        for name, value in given.items():
+            if value is not None:
+                current[name] = _limit(value, name.replace("_", "-"))
+        q = client.projects.set_quota(current)
+    emit(output, q, render=lambda: quota_view(q))
 
 
 @members_app.command("list")

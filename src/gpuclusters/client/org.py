@@ -23,6 +23,8 @@ from gpuclusters.core.models import (
     Project,
     ProjectCreate,
     ProjectMember,
+    ProjectQuota,
+    QuotaLimits,
     Region,
     User,
 )
@@ -48,6 +50,21 @@ class ProjectsAPI:
     def members(self, project: str | None = None) -> builtins.list[ProjectMember]:
         """The members of ``project`` (default: the client's project)."""
         return self._s.get_list(self._members_path(project), ProjectMember)
+
+    def quota(self, project: str | None = None) -> ProjectQuota:
+        """The project's quotas and what it holds (any member)."""
+        return self._s.get(self._quota_path(project), ProjectQuota)
+
+    def set_quota(
+        self, limits: QuotaLimits | Mapping[str, Any], project: str | None = None
+    ) -> ProjectQuota:
+        """Set every quota of the project (org admins); None is no limit."""
+        return self._s.send(
+            "PUT", self._quota_path(project), model=ProjectQuota, json=body_of(limits)
+        )
+
+    def _quota_path(self, project: str | None) -> str:
+        return f"/v1/projects/{quote_name(project or self._s.project)}/quota"
 
     def remove_member(self, user: str, project: str | None = None) -> ProjectMember:
         """Remove ``user`` from ``project`` (project or org admins); returns the

@@ -12,7 +12,8 @@ same classes, so SDK users can ``except NotFoundError``.
     ├── ConflictError                     conflict        409
     │   ├── AlreadyExistsError            already_exists  409
     │   ├── InvalidStateError             invalid_state   409
-    │   └── CapacityUnavailableError      capacity_unavailable 409
+    │   ├── CapacityUnavailableError      capacity_unavailable 409
+    │   └── QuotaExceededError            quota_exceeded  409
     └── ServerError                       internal        500
 """
 
@@ -65,6 +66,13 @@ class CapacityUnavailableError(ConflictError):
     code = "capacity_unavailable"
 
 
+class QuotaExceededError(ConflictError):
+    """A create, scale or resize would take the project above a quota; the
+    message names the quota, its limit and the use, and ``field`` the quota."""
+
+    code = "quota_exceeded"
+
+
 class ServerError(GpuClustersError):
     code = "internal"
 
@@ -87,6 +95,7 @@ ERRORS_BY_CODE: dict[str, type[GpuClustersError]] = {
         AlreadyExistsError,
         InvalidStateError,
         CapacityUnavailableError,
+        QuotaExceededError,
         ServerError,
         UnavailableError,
     )

@@ -359,6 +359,31 @@ class ApiKeyCreated(_Out):
     key_prefix: str
 
 
+class QuotaAmounts(_Out):
+    standard_gpus: int
+    preemptible_gpus: int
+    clusters: int
+    volume_tib: int
+
+
+class QuotaLimits(_Model):
+    """What a project may hold at once; ``null`` is no limit."""
+
+    standard_gpus: int | None = Field(default=None, ge=0, le=MAX_GPUS)
+    preemptible_gpus: int | None = Field(default=None, ge=0, le=MAX_GPUS)
+    clusters: int | None = Field(default=None, ge=0, le=100_000)
+    volume_tib: int | None = Field(default=None, ge=0, le=1_000_000)
+
+
+class ProjectQuota(_Out):
+    """``GET /v1/projects/{project}/quota``: the limits and what the project
+    holds now (any member may look)."""
+
+    project: str
+    limits: QuotaLimits
+    use: QuotaAmounts
+
+
 class SsoInfo(_Out):
     """``GET /v1/auth/sso``: whether this server signs users in through an
     identity provider, and which."""

@@ -112,6 +112,20 @@ class Project(Base):
     id_block: Mapped[int] = mapped_column(Integer)
 
 
+class ProjectQuota(Base):
+    """What a project may hold at once (``core/quotas.py``); a column of
+    None is no limit, and a project without a row has none."""
+
+    __tablename__ = "project_quotas"
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    standard_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    preemptible_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    clusters: Mapped[int | None] = mapped_column(Integer, default=None)
+    volume_tib: Mapped[int | None] = mapped_column(Integer, default=None)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(64), default="")
+
+
 class User(Base):
     __tablename__ = "users"
     __table_args__ = (

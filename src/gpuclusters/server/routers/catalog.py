@@ -8,7 +8,7 @@ from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.routers.paging import PAGED, PageDep, paged_response
-from gpuclusters.server.services import capacity, catalog, tenancy
+from gpuclusters.server.services import capacity, catalog, quotas, tenancy
 from gpuclusters.server.services.access_changes import access_changed
 
 router = APIRouter(prefix="/v1")
@@ -115,6 +115,20 @@ async def create_api_key(
     created = await tenancy.create_api_key(session, principal=principal, body=body)
     await access_changed(rt)  # a new member, or a changed role
     return created
+
+
+@router.get("/projects/{project}/quota", response_model=api.ProjectQuota)
+async def get_quota(project: str, session: SessionDep, principal: PrincipalDep) -> api.ProjectQuota:
+    """The project's quotas and what it holds now (any member)."""
+    return await quotas.get_quota(session, principal=principal, project_name=project)
+
+
+@router.put("/projects/{project}/quota", response_model=api.ProjectQuota)
+async def set_quota(
+    project: str, body: api.QuotaLimits, session: SessionDep, principal: PrincipalDep
+) -> api.ProjectQuota:
+    """Set the project's quotas (organization admins); null is no limit."""
+    return await quotas.set_quota(session, principal=principal, project_name=project, body=body)
 
 
 @router.get("/projects/{project}/members", response_model=list[api.ProjectMember])

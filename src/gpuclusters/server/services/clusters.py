@@ -39,6 +39,7 @@ from gpuclusters.core.errors import (
     ValidationError,
 )
 from gpuclusters.core.paging import Page
+from gpuclusters.core.quotas import Amounts
 from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
@@ -49,6 +50,7 @@ from gpuclusters.server.db.paging import page_of
 from gpuclusters.server.db.records import forget_failures, record_event, set_cluster_status
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services import quotas
 from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.health import check_policy_kinds
 from gpuclusters.server.services.tenancy import require_org_admin, resolve_project
@@ -210,10 +212,17 @@ async def _create_once(
     ):
         raise AlreadyExistsError(f"cluster {body.name!r} already exists", field="name")
     volume = await _volume_for_create(session, project=project, body=body, region=region)
+    add = Amounts(
+        standard_gpus=body.num_gpus,
+        preemptible_gpus=body.num_preemptible_gpus,
+        clusters=1,
+        volume_tib=volume.size_tib if body.volume is None else 0,  # a new one
+    )
     # Only reads so far (the volume is not written yet): from the first
     # write on, under the guard (the order the controllers take them in:
     # the guard, then SQLite's writer gate).
     async with guard():
+        await quotas.enforce(session, project, add)
         return await _create_placed(
             session,
             rt=rt,
@@ -358,6 +367,20 @@ async def update_cluster(
         cluster = await _get_live(session, project, name)
         if cluster.status in (ClusterStatus.DELETING.value, ClusterStatus.DELETED.value):
             raise InvalidStateError(f"cluster {name!r} is being deleted", field="name")
+        await quotas.enforce(
+            session,
+            project,
+            Amounts(
+                standard_gpus=(body.num_gpus if body.num_gpus is not None else cluster.num_gpus)
+                - cluster.num_gpus,
+                preemptible_gpus=(
+                    body.num_preemptible_gpus
+                    if body.num_preemptible_gpus is not None
+                    else cluster.num_preemptible_gpus
+                )
+                - cluster.num_preemptible_gpus,
+            ),
+        )
         if body.reservation_end is not None:
             _extend_reservation(cluster, body)
         if body.num_preemptible_gpus is not None:

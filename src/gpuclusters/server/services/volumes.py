@@ -12,12 +12,15 @@ from gpuclusters.core.errors import (
     AlreadyExistsError,
     InvalidStateError,
     NotFoundError,
+    QuotaExceededError,
     ValidationError,
 )
+from gpuclusters.core.quotas import Amounts
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.db.models import Cluster, Project, Volume
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
+from gpuclusters.server.services import quotas
 from gpuclusters.server.services.catalog import check_region
 from gpuclusters.server.services.tenancy import resolve_project
 from gpuclusters.server.services.views import volume_view
@@ -78,6 +81,11 @@ async def create_volume(
     )
     region = body.region or rt.settings.region
     await check_region(session, region)
+    try:
+        await quotas.enforce(session, project, Amounts(volume_tib=body.size_tib))
+    except QuotaExceededError:
+        await session.rollback()
+        raise
     volume = Volume(
         project_id=project.id,
         name=body.name,
@@ -115,6 +123,11 @@ async def resize_volume(
         )
     if volume.status == VolumeStatus.DELETING.value:
         raise InvalidStateError(f"volume {name!r} is being deleted", field="name")
+    try:
+        await quotas.enforce(session, project, Amounts(volume_tib=body.size_tib - volume.size_tib))
+    except QuotaExceededError:
+        await session.rollback()
+        raise
     volume.size_tib = body.size_tib
     await session.commit()
     return await _view(session, volume, project)
