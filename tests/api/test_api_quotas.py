@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from support.api import ApiHarness
 
 P = "/v1/projects/default"
@@ -41,6 +43,14 @@ async def test_quotas_refuse_what_exceeds_them_and_change_nothing(api: ApiHarnes
     assert (await _quota(api))["use"] == {
         "standard_gpus": 16, "preemptible_gpus": 0, "clusters": 1, "volume_tib": 1,
     }  # fmt: skip
+    # The console's fleet page shows them, limit / use.
+    async with httpx.AsyncClient(
+        transport=api.client._transport, base_url=str(api.client.base_url)
+    ) as browser:
+        assert (await browser.post("/login", data={"api_key": api.admin_key})).status_code == 303
+        fleet = (await browser.get("/fleet")).text
+    row = fleet.split('data-project="default"', 1)[1].split("</tr>", 1)[0]
+    assert "16 / 16" in row and "2 / 1" in row and "3 / 1" in row and "none / 0" in row
     before = (await api.client.get(f"{P}/clusters")).json()
     volumes_before = (await api.client.get(f"{P}/volumes")).json()
 

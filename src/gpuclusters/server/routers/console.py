@@ -41,6 +41,7 @@ from gpuclusters.core.errors import (
     ValidationError,
 )
 from gpuclusters.core.health.catalog import ACTIVE_CHECKS
+from gpuclusters.core.quotas import WHAT
 from gpuclusters.server.audit_log import remember_principal
 from gpuclusters.server.deps import RuntimeDep, SessionDep
 from gpuclusters.server.errors import validation_error
@@ -52,6 +53,7 @@ from gpuclusters.server.services import (
     gpu_charts,
     health,
     nodes,
+    quotas,
     sso,
     tenancy,
     usage,
@@ -698,11 +700,15 @@ async def fleet_page(
     p = who.principal
     hosts = await catalog.list_hosts(session, principal=p, limit=FLEET_HOSTS, cursor=cursor)
     windows = await capacity.list_capacity(session, principal=p, project=None)
+    projects = await tenancy.list_projects(session, principal=p)
     reports = [
         await usage.usage_report(
             session, rt=rt, principal=p, project_name=proj.name, since=None, until=None
         )
-        for proj in await tenancy.list_projects(session, principal=p)
+        for proj in projects
+    ]
+    project_quotas = [
+        await quotas.get_quota(session, principal=p, project_name=proj.name) for proj in projects
     ]
     return _page(
         request,
@@ -713,4 +719,6 @@ async def fleet_page(
         next_cursor=hosts.next_cursor,
         capacity=windows,
         reports=reports,
+        quotas=project_quotas,
+        quota_names=list(WHAT),
     )
