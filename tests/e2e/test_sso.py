@@ -114,10 +114,12 @@ def world(module_servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> 
         laptop.close()
 
 
-def test_login_with_sso_from_the_laptop(world: World) -> None:
+def sso_login(world: World, email: str, env: dict[str, str] | None = None) -> str:
+    """``gpuclusters login --sso`` on the laptop, the code entered on Dex's
+    page as the user does in a browser; what the CLI printed."""
     cli = world.laptop.popen(
         "gpuclusters", "login", "--sso", "--url", world.url,
-        "--ca-file", f"{world.laptop.home}/ca.pem",
+        "--ca-file", f"{world.laptop.home}/ca.pem", env=env,
     )  # fmt: skip
     lines: list[str] = []
     assert cli.stderr is not None
@@ -129,13 +131,16 @@ def test_login_with_sso_from_the_laptop(world: World) -> None:
         found = re.search(r"open (\S+)\s+and enter the code (\S+)", "".join(lines))
         time.sleep(0.2)
     assert found, "".join(lines)
-    # The user, in a browser, on Dex's pages.
-    page = sign_in_device(found[1], found[2], email="carol@example.com")
+    page = sign_in_device(found[1], found[2], email=email)
     assert "successful" in page.lower()
     cli.wait(timeout=60)
     reader.join(timeout=5)
     assert cli.returncode == 0, "".join(lines)
-    assert "as carol" in "".join(lines)
+    return "".join(lines)
+
+
+def test_login_with_sso_from_the_laptop(world: World) -> None:
+    assert "as carol" in sso_login(world, "carol@example.com")
     me = json.loads(world.ok("whoami", "--output", "json"))
     assert me["user"] == "carol" and me["projects"] == {"default": "admin"}
     config = (world.laptop.home / ".gpuclusters" / "config.toml").read_text()
@@ -177,24 +182,7 @@ def test_leaving_the_group_refuses_kubectl_and_ssh_within_5_minutes(world: World
     print(f"refused after {time.monotonic() - start:.0f} s")
     assert "not found" in ssh.stderr or "not a member" in ssh.stderr, ssh.stderr
     # Dan, still in the group, is unaffected: sign him in and he gets in.
-    dan = world.laptop.popen(
-        "gpuclusters", "login", "--sso", "--url", world.url,
-        "--ca-file", f"{world.laptop.home}/ca.pem",
-        env={"GPUCLUSTERS_HOME": f"{world.laptop.home}/.dan"},
-    )  # fmt: skip
-    out: list[str] = []
-    assert dan.stderr is not None
-    reader = threading.Thread(target=lambda: out.extend(dan.stderr or []), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 60
-    found = None
-    while time.monotonic() < deadline and found is None:
-        found = re.search(r"open (\S+)\s+and enter the code (\S+)", "".join(out))
-        time.sleep(0.2)
-    assert found, "".join(out)
-    sign_in_device(found[1], found[2], email="dan@example.com")
-    dan.wait(timeout=60)
-    assert dan.returncode == 0, "".join(out)
+    sso_login(world, "dan@example.com", env={"GPUCLUSTERS_HOME": f"{world.laptop.home}/.dan"})
     r = world.laptop.run(
         "gpuclusters", "clusters", "ssh", "demo", "--", "id", "-un",
         env={"GPUCLUSTERS_HOME": f"{world.laptop.home}/.dan"}, timeout=120,

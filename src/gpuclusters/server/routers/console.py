@@ -134,6 +134,21 @@ async def login_form(request: Request, rt: RuntimeDep, error: str | None = None)
     return _page(request, "login.html", None, error=error, sso=rt.settings.sso_issuer)
 
 
+def _signed_in(request: Request, token: str, who: SignedIn) -> Response:
+    """Home, with the session's cookie."""
+    remember_principal(request.state, who.principal)  # for the audit log
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=int(sessions.SESSION_TTL.total_seconds()),
+        httponly=True,
+        secure=_secure(request),
+        samesite="lax",
+    )
+    return response
+
+
 def _sso_redirect_uri(request: Request) -> str:
     # Where the provider sends the browser back: this server as the browser
     # reached it (the provider must list it: docs/identity.md).
@@ -174,17 +189,7 @@ async def login_sso_callback(
     except (AuthenticationError, InvalidStateError, UnavailableError) as exc:
         return _page(request, "login.html", None, status_code=401, error=str(exc),
                      sso=rt.settings.sso_issuer)  # fmt: skip
-    remember_principal(request.state, who.principal)  # for the audit log
-    response = RedirectResponse("/", status_code=303)
-    response.set_cookie(
-        COOKIE,
-        token,
-        max_age=int(sessions.SESSION_TTL.total_seconds()),
-        httponly=True,
-        secure=_secure(request),
-        samesite="lax",
-    )
-    return response
+    return _signed_in(request, token, who)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -196,17 +201,7 @@ async def login(
     except AuthenticationError as exc:
         return _page(request, "login.html", None, status_code=401, error=str(exc),
                      sso=rt.settings.sso_issuer)  # fmt: skip
-    remember_principal(request.state, who.principal)  # for the audit log
-    response = RedirectResponse("/", status_code=303)
-    response.set_cookie(
-        COOKIE,
-        token,
-        max_age=int(sessions.SESSION_TTL.total_seconds()),
-        httponly=True,
-        secure=_secure(request),
-        samesite="lax",
-    )
-    return response
+    return _signed_in(request, token, who)
 
 
 @router.post("/logout")
