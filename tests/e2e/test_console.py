@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import playwright.sync_api as playwright_api
 import pytest
+import yaml
 
 if TYPE_CHECKING:
     from support.servers import ServerHandle, Servers
@@ -237,7 +238,12 @@ def test_node_page_on_the_embedded_fleet(
         with page.expect_download() as download:
             page.click("#kubeconfig button")
         kubeconfig = Path(download.value.path()).read_text()
-        assert "current-context:" in kubeconfig and "client-certificate-data" in kubeconfig
+        assert "current-context:" in kubeconfig
+        # No credential in it: kubectl asks the CLI for a token at each run.
+        (user,) = yaml.safe_load(kubeconfig)["users"]
+        assert user["user"]["exec"]["command"] == "gpuclusters"
+        assert user["user"]["exec"]["args"][:3] == ["clusters", "token", "c1"]
+        assert "client-key-data" not in kubeconfig
         page.goto(f"{server.url}/projects/default/nodes/{victim}")
         page.evaluate("window.__stillTheSamePage = true")
 

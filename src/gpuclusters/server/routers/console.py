@@ -668,8 +668,10 @@ async def download_kubeconfig(
     rt: RuntimeDep,
     csrf_token: Annotated[str, Form()] = "",
 ) -> Response:
-    """A kubeconfig for the signed-in user (a POST: it issues a client
-    certificate, as ``gpuclusters clusters credentials`` does)."""
+    """A kubeconfig for the signed-in user, as ``gpuclusters clusters
+    credentials`` writes it (a POST: it makes the user's RBAC binding, or
+    issues a client certificate where the server signs no tokens). Its exec
+    plugin runs ``gpuclusters`` from the PATH: the CLI logged in as this user."""
     sessions.check_csrf(who, csrf_token)
     creds = await credentials.cluster_credentials(
         session, rt=rt, principal=who.principal, project_name=project, cluster_name=name,
