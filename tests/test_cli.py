@@ -21,12 +21,14 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from gpuclusters.cli import context
 from gpuclusters.cli.main import app
 from gpuclusters.client import Client
 from gpuclusters.core import kubeconfig
+from gpuclusters.core.clientconfig import default_home
 from gpuclusters.core.models import ApiKeyCreated, Cluster, ClusterCredentials
 from support.cli import install_fake_api, isolate_env, ok, run
 from support.fake_api import FakeApi, fake_kubeconfig
@@ -994,3 +996,54 @@ def test_up_serves_the_api_over_tls_unless_told_otherwise(
     monkeypatch.delenv("GPUCLUSTERS_TLS")
     assert runner.invoke(app, ["server"]).exit_code == 0
     assert "tls_mode" not in calls[-1]
+
+
+def test_token_prints_an_exec_credential_and_refuses_another_users(api: FakeApi) -> None:
+    path = "/v1/projects/default/clusters/train/token"
+    api.on(
+        "POST",
+        path,
+        httpx.Response(
+            200,
+            json={"cluster": "train", "user": "alice", "token": "jwt.a.b",
+                  "expires_at": "2026-12-07T10:05:00Z"},
+        ),
+    )  # fmt: skip
+    result = run("clusters", "token", "train", "--user", "alice")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": "jwt.a.b", "expirationTimestamp": "2026-12-07T10:05:00Z"},
+    }
+    refused = run("clusters", "token", "train", "--user", "bob")
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "this kubeconfig is bob's, but the CLI is logged in as alice" in refused.stderr
+
+
+def test_credentials_point_the_exec_plugin_at_this_cli(api: FakeApi, tmp_path: Path) -> None:
+    exec_config = kubeconfig.dump(
+        kubeconfig.render(
+            cluster_name="train",
+            server="https://train.test:6443",
+            ca_pem=b"ca",
+            user_name="alice",
+            exec_credential=kubeconfig.exec_user(project="default", cluster="train", user="alice"),
+        )
+    )
+    api.on(
+        "POST",
+        "/v1/projects/default/clusters/train/credentials",
+        httpx.Response(
+            200,
+            json={"cluster": "train", "context": "train", "user": "alice",
+                  "kubeconfig": exec_config},
+        ),
+    )  # fmt: skip
+    path = tmp_path / "kc"
+    assert run("clusters", "credentials", "train", "--file", str(path)).exit_code == 0
+    (user,) = yaml.safe_load(path.read_text())["users"]
+    exe = user["user"]["exec"]
+    assert Path(exe["command"]).is_absolute() or exe["command"] == "gpuclusters"
+    assert exe["env"] == [{"name": "GPUCLUSTERS_HOME", "value": str(default_home().resolve())}]
+    assert exe["args"] == ["clusters", "token", "train", "--project", "default", "--user", "alice"]
