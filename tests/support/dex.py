@@ -55,7 +55,6 @@ class Dex:
         redirect_uris: list[str],
         users: list[DexUser],
         client_secret: str = "gpuclusters-test-secret",
-        enter: list[str] | None = None,
     ) -> None:
         self.root = root
         self.host = host
@@ -65,7 +64,6 @@ class Dex:
         for i, u in enumerate(users):
             u.user_id = u.user_id or f"00000000-0000-4000-8000-{i:012d}"
         self.client_secret = client_secret
-        self.enter = enter or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = root / "dex.log"
         root.mkdir(parents=True, exist_ok=True)
@@ -122,30 +120,19 @@ class Dex:
         path = self.root / "config.json"  # JSON is YAML
         path.write_text(json.dumps(self.config(), indent=1))
         log = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [*self.enter, str(DEX_BIN), "serve", str(path)], stdout=log, stderr=log
-        )
+        self.proc = subprocess.Popen([str(DEX_BIN), "serve", str(path)], stdout=log, stderr=log)
         deadline = time.monotonic() + 30
         url = f"{self.issuer}/.well-known/openid-configuration"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dex exited: {self.log.read_text()[-3000:]}")
             try:
-                if self._get(url).status_code == 200:
+                if httpx.get(url, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"dex did not answer: {self.log.read_text()[-3000:]}")
-
-    def _get(self, url: str) -> httpx.Response:
-        if self.enter:
-            out = subprocess.run(
-                [*self.enter, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url],
-                capture_output=True, text=True, timeout=10,
-            )  # fmt: skip
-            return httpx.Response(int(out.stdout or 0))
-        return httpx.get(url, timeout=2)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

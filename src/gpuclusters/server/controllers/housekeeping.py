@@ -109,20 +109,21 @@ async def check_running_nodes(rt: Runtime) -> int:
     return failed
 
 
-async def expire_events(rt: Runtime) -> int:
-    cutoff = utcnow() - timedelta(hours=rt.settings.event_retention_h)
+async def _delete_older(rt: Runtime, model: type[NodeEvent | AuditEvent], age: timedelta) -> int:
+    """Delete the rows of ``model`` whose timestamp is older than ``age``."""
+    cutoff = utcnow() - age
     async with rt.sessionmaker() as session:
-        result = await session.execute(delete(NodeEvent).where(NodeEvent.timestamp < cutoff))
+        result = await session.execute(delete(model).where(model.timestamp < cutoff))
         await session.commit()
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+async def expire_events(rt: Runtime) -> int:
+    return await _delete_older(rt, NodeEvent, timedelta(hours=rt.settings.event_retention_h))
 
 
 async def expire_audit_events(rt: Runtime) -> int:
-    cutoff = utcnow() - timedelta(days=rt.settings.audit_retention_days)
-    async with rt.sessionmaker() as session:
-        result = await session.execute(delete(AuditEvent).where(AuditEvent.timestamp < cutoff))
-        await session.commit()
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return await _delete_older(rt, AuditEvent, timedelta(days=rt.settings.audit_retention_days))
 
 
 async def missed_heartbeats(rt: Runtime) -> int:

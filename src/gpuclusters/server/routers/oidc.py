@@ -10,16 +10,16 @@ from fastapi import APIRouter, Request
 
 from gpuclusters.core.errors import NotFoundError
 from gpuclusters.server.deps import RuntimeDep
+from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.cluster_tokens import DISCOVERY_PATH, JWKS_PATH, TokenIssuer
 
 router = APIRouter()
 
 
-def _issuer(rt: Any) -> TokenIssuer:
+def _issuer(rt: Runtime) -> TokenIssuer:
     if rt.token_issuer is None:
         raise NotFoundError("this server signs no Kubernetes tokens (it serves no TLS)")
-    issuer: TokenIssuer = rt.token_issuer
-    return issuer
+    return rt.token_issuer
 
 
 @router.get(DISCOVERY_PATH, include_in_schema=False)

@@ -89,7 +89,7 @@ def _like_prefix(value: str) -> str:
     return escaped + "/%"
 
 
-async def _admin_projects(session: AsyncSession, principal: Principal) -> list[str]:
+def _admin_projects(principal: Principal) -> list[str]:
     return [pid for pid, role in principal.roles.items() if role == ProjectRole.ADMIN]
 
 
@@ -122,7 +122,7 @@ async def list_audit(
             )
         )
     else:
-        mine = await _admin_projects(session, principal)
+        mine = _admin_projects(principal)
         if not mine:
             raise PermissionDeniedError(
                 "the audit log is for organization admins and project admins"
