@@ -34,6 +34,12 @@ import jwt
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 CLOCK_SKEW_S = 30
 DISCOVERY_TTL_S = 3600.0
+# How long a token request may take. Long on purpose: a provider that
+# rotates refresh tokens (Dex, Okta) has rotated once it answers, so a
+# refresh the client gives up on loses the grant, and the next refresh with
+# the old token is refused as a replay. Dex on a loaded machine was seen
+# answering after 25 s.
+TOKEN_TIMEOUT_S = 60.0
 ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "EdDSA"]
 
 
@@ -190,7 +196,9 @@ class OidcClient:
     async def _token(self, form: dict[str, str]) -> dict[str, Any]:
         url = await self._endpoint("token_endpoint")
         try:
-            r = await self._http.post(url, data=form, auth=(self.client_id, self._secret))
+            r = await self._http.post(
+                url, data=form, auth=(self.client_id, self._secret), timeout=TOKEN_TIMEOUT_S
+            )
         except httpx.HTTPError as exc:
             raise _unreachable(url, exc) from exc
         try:
