@@ -21,8 +21,10 @@ import pytest
 from slurm_nsshell import NsenterShell
 
 from gpuclusters.core.nodeshell import NodeShell
+from gpuclusters.layers.slurm import config as cfg
 from gpuclusters.layers.slurm import stack
 from gpuclusters.layers.slurm.config import SlurmPaths, SlurmSpec
+from gpuclusters.layers.slurm.status import SlurmNode
 
 PROTO = Path(__file__).resolve().parents[2] / "scripts" / "setup-slurm-proto"
 SHARED = Path("/tmp/gpct-shared")
@@ -193,3 +195,93 @@ async def test_cluster_lifecycle(cluster: Cluster) -> None:
     await stack.start_controller(c.ctl, spec2, munge_key=c.key)
     await stack.join_compute(c.ctl, c.n1, spec2, munge_key=c.key)
     print(f"second pass {time.monotonic() - t0:.2f} s; first bring-up {c.bring_up_s:.2f} s")
+
+
+async def test_power_saving_slots(proto_nodes: None) -> None:
+    """Autoscaling's Slurm half (docs/autoscaling.md): slots are State=CLOUD
+    nodes; a job asks for them (POWERING_UP), nodes join as them and run it,
+    Slurm powers them down after SuspendTime idle, a released slot is not
+    left drained and is asked for again by the next job."""
+    slots = ("gpct1-as1", "gpct1-as2")
+    spec = SlurmSpec(
+        cluster_name="gpct1",
+        controller_host="gpct-ctl",
+        controller_addr="10.232.0.10",
+        gpu_type="h100",
+        paths=PROTO_PATHS,
+        cloud=cfg.CloudNodes(
+            names=slots, suspend_time_s=10, suspend_timeout_s=5, features=("standard",)
+        ),
+    )
+    key = os.urandom(128)
+    ctl = NsenterShell("gpct-ctl", "10.232.0.10")
+    login = NsenterShell("gpct-login", "10.232.0.20")
+    n1 = NsenterShell("gpct-n1", "10.232.0.11")
+    n2 = NsenterShell("gpct-n2", "10.232.0.12")
+    await stack.start_controller(ctl, spec, munge_key=key)
+    await stack.start_login(login, spec, munge_key=key)
+
+    async def states() -> dict[str, SlurmNode]:
+        return {n.name: n for n in await stack.list_nodes(ctl) if n.name in slots}
+
+    start = await states()
+    assert sorted(start) == list(slots)
+    assert all(n.powered_down and not n.powering_up for n in start.values())
+
+    # A two-node job on a cluster with no node: Slurm asks for both slots.
+    (SHARED / "auto.sh").write_text("#!/bin/sh\nsrun hostname\n")
+    (SHARED / "auto.sh").chmod(0o755)
+    job = await sbatch(
+        Cluster(spec, key, ctl, login, n1, n2, n2, 0.0),
+        "-N2",
+        "--gres=gpu:8",
+        "-o",
+        "/mnt/shared/auto.txt",
+        "/mnt/shared/auto.sh",
+    )
+
+    async def asked() -> bool | None:
+        now = await states()
+        return True if all(n.powering_up for n in now.values()) else None
+
+    await stack.wait_for(asked, what="Slurm to power both slots up", timeout_s=30)
+    log = (await ctl.read_file(spec.paths.power_log)) or b""
+    assert b"resume gpct1-as[1-2]" in log
+
+    # Nodes join as the slots; the pending job runs on them.
+    await asyncio.gather(
+        stack.join_compute(ctl, n1, spec, munge_key=key, features=["standard"], slot=slots[0]),
+        stack.join_compute(ctl, n2, spec, munge_key=key, features=["standard"], slot=slots[1]),
+    )
+
+    async def done() -> bool | None:
+        jobs = [j for j in await stack.list_jobs(ctl) if j.job_id == job]
+        return True if jobs and jobs[0].state == "COMPLETED" else None
+
+    await stack.wait_for(done, what="the job to run on the new nodes", timeout_s=60)
+    assert sorted((SHARED / "auto.txt").read_text().split()) == ["gpct-n1", "gpct-n2"]
+    joined = await states()
+    assert joined[slots[0]].address == "10.232.0.11"  # cloud_reg_addrs
+
+    # Idle past SuspendTime: Slurm powers both down.
+    async def released() -> bool | None:
+        now = await states()
+        return True if all(n.powering_down or n.powered_down for n in now.values()) else None
+
+    await stack.wait_for(released, what="Slurm to power the idle slots down", timeout_s=60)
+    assert b"suspend gpct1-as[1-2]" in ((await ctl.read_file(spec.paths.power_log)) or b"")
+    await stack.release_slot(ctl, slots[0], node=n1)
+    await stack.release_slot(ctl, slots[1], node=n2)
+    assert not await n1.is_running("slurmd")
+
+    # The next job asks for a slot again once it is powered down.
+    await sbatch(
+        Cluster(spec, key, ctl, login, n1, n2, n2, 0.0), "-N1", "-o", "/dev/null", "--wrap", "true"
+    )
+
+    async def asked_again() -> bool | None:
+        now = await states()
+        return True if any(n.powering_up for n in now.values()) else None
+
+    await stack.wait_for(asked_again, what="a slot asked for again", timeout_s=60)
+    assert not any(n.drain for n in (await states()).values())

@@ -131,6 +131,13 @@ def cluster_detail(c: Cluster) -> RenderableType:
             ("gpu type", c.gpu_type),
             ("gpus", str(c.num_gpus)),
             (
+                "autoscaling",
+                f"{c.autoscaling.min_gpus}-{c.autoscaling.max_gpus} GPUs, nodes released "
+                f"after {c.autoscaling.idle_s} s idle"
+                if c.autoscaling
+                else "off",
+            ),
+            (
                 "preemptible gpus",
                 f"{c.allocated_preemptible_gpus} allocated / {c.desired_preemptible_gpus} "
                 f"desired (requested {c.num_preemptible_gpus})",
@@ -235,11 +242,37 @@ def create(
         ),
     ] = True,
     wait: Annotated[bool, typer.Option("--wait", help="wait until ready (or failed)")] = False,
+    autoscale_min: Annotated[
+        int | None,
+        typer.Option(
+            "--autoscale-min",
+            help="autoscaling: fewest standard GPUs (default: --gpus)",
+            show_default=False,
+        ),
+    ] = None,
+    autoscale_max: Annotated[
+        int | None,
+        typer.Option(
+            "--autoscale-max",
+            help="autoscaling: most standard GPUs; turns autoscaling on (Slurm clusters)",
+            show_default=False,
+        ),
+    ] = None,
+    autoscale_idle: Annotated[
+        int | None,
+        typer.Option(
+            "--autoscale-idle",
+            help="autoscaling: seconds a node stays idle before it is released (default 600)",
+            show_default=False,
+        ),
+    ] = None,
     wait_timeout: WaitTimeoutOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
-    """Create a cluster (and optionally wait until it is ready)."""
+    """Create a cluster (and optionally wait until it is ready). With
+    --autoscale-max its standard GPUs follow the Slurm queue between
+    --autoscale-min (default --gpus) and --autoscale-max."""
     spec: dict[str, Any] = {
         "name": name,
         "cluster_type": cluster_type.value,
@@ -262,6 +295,19 @@ def create(
         "driver_version": driver_version,
     }
     spec.update({k: v for k, v in optional_fields.items() if v is not None})
+    if autoscale_max is not None:
+        autoscaling: dict[str, int] = {
+            "min_gpus": gpus if autoscale_min is None else autoscale_min,
+            "max_gpus": autoscale_max,
+        }
+        if autoscale_idle is not None:
+            autoscaling["idle_s"] = autoscale_idle
+        spec["autoscaling"] = autoscaling
+    elif autoscale_min is not None or autoscale_idle is not None:
+        raise typer.BadParameter(
+            "--autoscale-min and --autoscale-idle need --autoscale-max (it turns autoscaling on)",
+            param_hint="--autoscale-max",
+        )
     with open_client(project) as client:
         cluster = client.clusters.create(spec)
         if wait:
@@ -535,12 +581,36 @@ def configure(
             show_default=False,
         ),
     ] = None,
+    autoscale_min: Annotated[
+        int | None,
+        typer.Option(
+            "--autoscale-min",
+            help="autoscaling: fewest standard GPUs ",
+            show_default=False,
+        ),
+    ] = None,
+    autoscale_max: Annotated[
+        int | None,
+        typer.Option(
+            "--autoscale-max",
+            help="autoscaling: most standard GPUs",
+            show_default=False,
+        ),
+    ] = None,
+    autoscale_idle: Annotated[
+        int | None,
+        typer.Option(
+            "--autoscale-idle",
+            help="autoscaling: seconds a node stays idle before it is released",
+            show_default=False,
+        ),
+    ] = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Change a cluster's own settings: Slurm's (the running cluster is
-    reconfigured live), the repair policy and egress. Settings not given
-    keep their current value."""
+    reconfigured live), the repair policy, egress and an autoscaled
+    cluster's range. Settings not given keep their current value."""
     with open_client(project) as client:
         current = client.clusters.get(name)
         body: dict[str, Any] = {}
@@ -562,6 +632,21 @@ def configure(
             body["repair"] = repair
         if egress is not None:
             body["egress"] = egress
+        if any(v is not None for v in (autoscale_min, autoscale_max, autoscale_idle)):
+            if current.autoscaling is None:
+                raise typer.BadParameter(
+                    f"cluster {name} has a fixed size (autoscaling is set at create)",
+                    param_hint="--autoscale-max",
+                )
+            auto = current.autoscaling.model_dump()
+            for key, value in (
+                ("min_gpus", autoscale_min),
+                ("max_gpus", autoscale_max),
+                ("idle_s", autoscale_idle),
+            ):
+                if value is not None:
+                    auto[key] = value
+            body["autoscaling"] = auto
         if not body:
             raise typer.BadParameter("give at least one setting to change")
         cluster = client.clusters.update(name, body)

@@ -117,6 +117,10 @@ class EventReason(StrEnum):
     # never came up, the host is gone, the deadline passed, or forced).
     STEP_SKIPPED = "StepSkipped"
     HOST_CORDONED = "HostCordoned"
+    # Autoscaling (docs/autoscaling.md): a node the scheduler asked for
+    # that quotas, the budget or capacity refused; a released node kept.
+    SCALE_UP_BLOCKED = "ScaleUpBlocked"
+    SCALE_DOWN_DEFERRED = "ScaleDownDeferred"
 
 
 GPUS_PER_NODE = 8

@@ -547,11 +547,63 @@ class RepairSettings(_Model):
     )
 
 
+MAX_AUTOSCALE_GPUS = GPUS_PER_NODE * 1024  # Slurm's MaxNodeCount for a cluster
+
+
+class AutoscalingSettings(_Model):
+    """The range a cluster's standard GPUs follow its queues in
+    (docs/autoscaling.md): nodes are added for work that waits and
+    released once idle for ``idle_s``, never below ``min_gpus`` (0: every
+    GPU node goes; the control plane and login node stay)."""
+
+    min_gpus: OptionalGpuCount = 0
+    max_gpus: Annotated[
+        int,
+        Field(
+            json_schema_extra={
+                "minimum": GPUS_PER_NODE,
+                "maximum": MAX_AUTOSCALE_GPUS,
+                "multipleOf": GPUS_PER_NODE,
+            }
+        ),
+    ]
+    idle_s: int = Field(
+        default=600,
+        ge=30,
+        le=86400,
+        description="a node idle this long is released (Slurm's SuspendTime)",
+    )
+
+    @field_validator("min_gpus")
+    @classmethod
+    def _min(cls, v: int) -> int:
+        return check_gpu_count(v, minimum=0)
+
+    @field_validator("max_gpus")
+    @classmethod
+    def _max(cls, v: int) -> int:
+        v = check_gpu_count(v, minimum=GPUS_PER_NODE)
+        if v > MAX_AUTOSCALE_GPUS:
+            raise ValueError(f"must be at most {MAX_AUTOSCALE_GPUS}, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> Self:
+        if self.min_gpus > self.max_gpus:
+            raise ValueError(
+                f"autoscaling.min_gpus: must not exceed max_gpus ({self.max_gpus}), "
+                f"got {self.min_gpus}"
+            )
+        return self
+
+
 class ClusterCreate(_Model):
     name: Name
     cluster_type: ClusterType
     gpu_type: str = "H100_SXM"
-    num_gpus: GpuCount
+    num_gpus: OptionalGpuCount = Field(
+        description="standard GPUs (whole nodes); 0 only with autoscaling"
+    )
     num_preemptible_gpus: OptionalGpuCount = 0
     region: str | None = None
     billing_type: BillingType = BillingType.ON_DEMAND
@@ -577,13 +629,18 @@ class ClusterCreate(_Model):
         default=True,
         description="let nodes reach networks outside the machine through NAT on the host",
     )
+    autoscaling: AutoscalingSettings | None = Field(
+        default=None,
+        description="grow and shrink the standard GPUs with the queue (Slurm clusters); "
+        "num_gpus is the size to start at",
+    )
 
     _name = field_validator("name")(check_name)
 
     @field_validator("num_gpus")
     @classmethod
     def _gpus(cls, v: int) -> int:
-        return check_gpu_count(v, minimum=GPUS_PER_NODE)
+        return check_gpu_count(v, minimum=0)
 
     @field_validator("num_preemptible_gpus")
     @classmethod
@@ -599,6 +656,7 @@ class ClusterCreate(_Model):
     def _consistent(self) -> Self:
         if self.slurm is not None and self.cluster_type is not ClusterType.SLURM:
             raise ValueError("slurm: only Slurm clusters have Slurm settings")
+        check_autoscaling(self.autoscaling, self)
         if self.volume is not None and self.volume_size_tib is not None:
             raise ValueError("volume: give either an existing volume or volume_size_tib, not both")
         for name in ("reservation_start", "reservation_end", "start_at"):
@@ -631,6 +689,32 @@ class ClusterCreate(_Model):
         return self
 
 
+def check_autoscaling(autoscaling: AutoscalingSettings | None, create: ClusterCreate) -> None:
+    """The rules a create's size and autoscaling meet together."""
+    if autoscaling is None:
+        if create.num_gpus < GPUS_PER_NODE:
+            raise ValueError(
+                f"num_gpus: must be at least {GPUS_PER_NODE} unless autoscaling is set, "
+                f"got {create.num_gpus}"
+            )
+        return
+    if create.cluster_type is not ClusterType.SLURM:
+        raise ValueError(
+            "autoscaling: only Slurm clusters autoscale in this version (docs/autoscaling.md)"
+        )
+    if create.num_preemptible_gpus:
+        raise ValueError(
+            "autoscaling: not with num_preemptible_gpus (the preemptible pool has its own target)"
+        )
+    if create.billing_type is not BillingType.ON_DEMAND:
+        raise ValueError("autoscaling: on-demand clusters only (a reservation has a fixed size)")
+    if not autoscaling.min_gpus <= create.num_gpus <= autoscaling.max_gpus:
+        raise ValueError(
+            f"num_gpus: must lie within autoscaling's {autoscaling.min_gpus}-"
+            f"{autoscaling.max_gpus}, got {create.num_gpus}"
+        )
+
+
 class ClusterUpdate(_Model):
     """Scale and extend. Every field is optional; absent fields are unchanged."""
 
@@ -640,6 +724,9 @@ class ClusterUpdate(_Model):
     slurm: SlurmSettings | None = None
     repair: RepairSettings | None = None
     egress: bool | None = Field(default=None, description="switch nodes' outside access")
+    autoscaling: AutoscalingSettings | None = Field(
+        default=None, description="a new range for an autoscaled cluster"
+    )
 
     @field_validator("num_gpus")
     @classmethod
@@ -739,6 +826,9 @@ class Cluster(_Out):
     slurm: SlurmSettings | None = None
     repair: RepairSettings | None = None
     egress: bool = Field(default=True, description="nodes reach networks outside the machine (NAT)")
+    autoscaling: AutoscalingSettings | None = Field(
+        default=None, description="the range num_gpus follows the queue in; none: fixed size"
+    )
     ssh_endpoint: Endpoint | None = Field(
         default=None, description="SSH to the login node, through the gateway (Slurm clusters)"
     )

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuclusters.core.autoscale import ScaleSignals
 from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.core.nodeshell import CommandResult
 
@@ -45,6 +46,23 @@ class NodeRef:
     name: str
     host: str
     compute_class: str
+    # The scheduler's name for the node in an autoscaled cluster (its slot,
+    # core/autoscale.py); None: the scheduler knows it by ``name``.
+    slot: str | None = None
+
+    @property
+    def scheduler_name(self) -> str:
+        return self.slot or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleRef:
+    """An autoscaled cluster's range (core/autoscale.py)."""
+
+    min_gpus: int
+    max_gpus: int
+    idle_s: int
+    slots: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +147,8 @@ class ClusterRef:
     # The project's host id block (its nodes' user namespaces); None where
     # the caller did not load it (the provider then uses the cluster's).
     host_ids: IdBlock | None = None
+    # None: a fixed-size cluster.
+    autoscale: AutoscaleRef | None = None
 
 
 class ClusterLayer(ABC):
@@ -167,6 +187,11 @@ class ClusterLayer(ABC):
         built by scripts/setup's background builder (the cluster waits in
         ``waiting_for_build`` with this message), or None. Cheap: a file read,
         asked at every pass while a cluster waits."""
+        return None
+
+    async def scale_signals(self, cluster: ClusterRef) -> ScaleSignals | None:
+        """What the scheduler of an autoscaled cluster asks for now
+        (core/autoscale.py); None where the layer does not autoscale."""
         return None
 
     async def apply_config(self, cluster: ClusterRef) -> None:  # noqa: B027 (optional)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
+from gpuclusters.core.autoscale import ScaleSignals
 from gpuclusters.core.nodeshell import CommandResult
 from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.layers.kubernetes.layer import KubernetesLayer
@@ -85,6 +86,11 @@ class SlurmAndKubernetesLayer(ClusterLayer):
         # Slurm queues it behind users' batch work (Kubernetes pods on the
         # node are not waited for: a site mixing both keeps them apart).
         return await self.slurm.run_exclusive(cluster, node, argv, timeout_s=timeout_s)
+
+    async def scale_signals(self, cluster: ClusterRef) -> ScaleSignals | None:
+        # Slurm's power saving decides; a node's pods still keep it (the
+        # autoscaler asks running_work, which counts both).
+        return await self.slurm.scale_signals(cluster)
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         counts = await asyncio.gather(

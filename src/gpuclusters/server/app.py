@@ -32,6 +32,7 @@ from gpuclusters.providers.volumes import VolumeStore
 from gpuclusters.server import errors, gc_policy, openapi
 from gpuclusters.server.audit_log import AuditMiddleware
 from gpuclusters.server.controllers.access import AccessSync
+from gpuclusters.server.controllers.autoscaler import run_autoscaler
 from gpuclusters.server.controllers.base import ControllerContext, Reconciler
 from gpuclusters.server.controllers.clusters import ClusterReconciler
 from gpuclusters.server.controllers.health_runs import HealthRunReconciler
@@ -332,6 +333,7 @@ def create_app(
         for r in reconcilers:
             r.start()
         housekeeping = asyncio.create_task(run_housekeeping(rt), name="housekeeping")
+        autoscaler = asyncio.create_task(run_autoscaler(rt), name="autoscaler")
         statistics = asyncio.create_task(
             keep_statistics(rt.engine, rt.settings.statistics_interval_s), name="statistics"
         )
@@ -364,7 +366,14 @@ def create_app(
         finally:
             background = [
                 t
-                for t in (housekeeping, statistics, fleet_gauges, access_sync, image_pushes)
+                for t in (
+                    housekeeping,
+                    autoscaler,
+                    statistics,
+                    fleet_gauges,
+                    access_sync,
+                    image_pushes,
+                )
                 if t is not None
             ]
             for task in background:

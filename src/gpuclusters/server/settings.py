@@ -347,6 +347,13 @@ class Settings(BaseSettings):
         default=400, ge=1, description="how long the audit log keeps a record (docs/identity.md)"
     )
     housekeeping_interval_s: float = Field(default=60.0, gt=0)
+    autoscale_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="how often the autoscaler reads each autoscaled cluster's scheduler "
+        "(docs/autoscaling.md)",
+    )
     statistics_interval_s: float = Field(
         default=5.0,
         gt=0,

@@ -89,6 +89,10 @@ class SlurmPaths:
     mysql_run_dir: str = "/run/mysqld"
     prolog: str = "/etc/slurm/prolog.sh"
     epilog: str = "/etc/slurm/epilog.sh"
+    resume_program: str = "/etc/slurm/resume.sh"
+    suspend_program: str = "/etc/slurm/suspend.sh"
+    # Written by slurmctld's user (the programs run as SlurmUser).
+    power_log: str = "/var/spool/slurmctld/power.log"
 
     @property
     def slurm_conf(self) -> str:
@@ -112,6 +116,23 @@ class SlurmPaths:
 
 
 @dataclass(frozen=True, slots=True)
+class CloudNodes:
+    """An autoscaled cluster's slots (core/autoscale.py) as Slurm power
+    saving sees them: ``State=CLOUD`` nodes, powered up when work waits
+    (ResumeProgram) and down after ``suspend_time_s`` idle
+    (SuspendProgram), ``keep`` of them never powered down (min_gpus)."""
+
+    names: tuple[str, ...]
+    keep: int = 0
+    suspend_time_s: int = 600
+    # How long a node has to register after Slurm asked for it (a node
+    # boots in seconds here; a host's capacity may take longer to free).
+    resume_timeout_s: int = 600
+    suspend_timeout_s: int = 30
+    features: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SlurmSpec:
     """What a cluster's Slurm configuration is made from."""
 
@@ -129,6 +150,7 @@ class SlurmSpec:
     extra_slurm_conf: str = ""
     extra_gres_conf: str = ""
     extra_cgroup_conf: str = ""
+    cloud: CloudNodes | None = None
     paths: SlurmPaths = field(default_factory=SlurmPaths)
 
     def __post_init__(self) -> None:
@@ -207,6 +229,15 @@ OWNED_SLURM_KEYS: frozenset[str] = frozenset(
         "FrontendName",
         "CommunicationParameters",
         "SlurmctldAddr",
+        # Power saving drives autoscaling (docs/autoscaling.md).
+        "SuspendProgram",
+        "ResumeProgram",
+        "SuspendTime",
+        "SuspendTimeout",
+        "ResumeTimeout",
+        "SuspendExcNodes",
+        "SuspendExcParts",
+        "ResumeFailProgram",
     )
 )
 # Lines whose first key opens a record; later keys on the line are its options.
@@ -241,6 +272,42 @@ def slurm_cluster_name(name: str) -> str:
     if not out or not out[0].isalpha():
         out = ("c" + out)[:40]
     return out
+
+
+def hostlist(names: Sequence[str]) -> str:
+    """``a-as1, a-as2, a-as3`` -> ``a-as[1-3]`` (names of one prefix and
+    consecutive numbers; others are listed with commas)."""
+    parsed = [re.match(r"^(.*?)(\d+)$", n) for n in names]
+    if len(names) > 1 and all(parsed):
+        prefixes = {m.group(1) for m in parsed if m}
+        numbers = [int(m.group(2)) for m in parsed if m]
+        if len(prefixes) == 1 and numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            return f"{prefixes.pop()}[{numbers[0]}-{numbers[-1]}]"
+    return ",".join(names)
+
+
+def power_program(spec: SlurmSpec, action: str) -> str:
+    """Slurm's ResumeProgram or SuspendProgram for an autoscaled cluster.
+    It only records the call: the control plane reads the power state
+    Slurm keeps for each slot (``sinfo``) at every pass and adds or
+    releases nodes to match, so a call made while the server is down is
+    not lost."""
+    return (
+        "#!/bin/sh\n"
+        "# Managed by gpuclusters: Slurm power saving drives autoscaling; the control\n"
+        "# plane follows the nodes' power state (docs/autoscaling.md).\n"
+        f'echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) {action} $*" >> {spec.paths.power_log}\n'
+    )
+
+
+def controller_scripts(spec: SlurmSpec) -> dict[str, str]:
+    """Programs slurmctld runs on the controller: path -> content."""
+    if spec.cloud is None:
+        return {}
+    return {
+        spec.paths.resume_program: power_program(spec, "resume"),
+        spec.paths.suspend_program: power_program(spec, "suspend"),
+    }
 
 
 def scripts(spec: SlurmSpec) -> dict[str, str]:
@@ -455,7 +522,9 @@ def render_slurm_conf(spec: SlurmSpec) -> str:
     lines = [
         f"ClusterName={spec.cluster_name}",
         f"SlurmctldHost={spec.controller_host}({spec.controller_addr})",
-        "SlurmctldParameters=enable_configless",
+        # cloud_reg_addrs: a slot learns its node's address when it registers.
+        "SlurmctldParameters=enable_configless"
+        + (",cloud_reg_addrs" if spec.cloud is not None else ""),
         "AuthType=auth/munge",
         f"AuthInfo={_munge_auth_info(spec)}",
         "CredType=cred/munge",
@@ -501,12 +570,40 @@ def render_slurm_conf(spec: SlurmSpec) -> str:
     sched = list(dict.fromkeys([*user.scheduler_parameters, *REQUIRED_SCHEDULER_PARAMETERS]))
     lines.append(f"SchedulerParameters={','.join(sched)}")
     lines += user.settings.values()
+    lines += _power_saving_lines(spec, user_private_data="privatedata" in user.settings)
     lines += [
         f"NodeSet={NODESET} Feature={GPU_NODE_FEATURE}",
         f"PartitionName={spec.partition} Nodes={NODESET} Default=YES MaxTime=INFINITE State=UP",
         *user.records,
     ]
     return MANAGED_HEADER + "\n".join(lines) + "\n"
+
+
+def _power_saving_lines(spec: SlurmSpec, *, user_private_data: bool) -> list[str]:
+    cloud = spec.cloud
+    if cloud is None or not cloud.names:
+        return []
+    p = spec.paths
+    nodes = hostlist(cloud.names)
+    node_line = [f"NodeName={nodes}", "State=CLOUD"]
+    gres = node_gres(spec)
+    if gres:
+        node_line.append(f"Gres={gres}")
+    node_line.append(f"Feature={','.join(node_features(spec, cloud.features))}")
+    lines = [
+        f"ResumeProgram={p.resume_program}",
+        f"SuspendProgram={p.suspend_program}",
+        f"SuspendTime={cloud.suspend_time_s}",
+        f"SuspendTimeout={cloud.suspend_timeout_s}",
+        f"ResumeTimeout={cloud.resume_timeout_s}",
+    ]
+    if cloud.keep:
+        lines.append(f"SuspendExcNodes={nodes}:{cloud.keep}")
+    if not user_private_data:
+        # Powered-down slots are listed too (sinfo shows them as idle~).
+        lines.append("PrivateData=cloud")
+    lines.append(" ".join(node_line))
+    return lines
 
 
 def compress_devices(devices: Sequence[str]) -> list[str]:
@@ -685,11 +782,31 @@ def node_features(spec: SlurmSpec, extra: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys(feats))
 
 
-def slurmd_argv(spec: SlurmSpec, *, node_name: str, features: Iterable[str] = ()) -> list[str]:
+def slurmd_argv(
+    spec: SlurmSpec, *, node_name: str, features: Iterable[str] = (), slot: str | None = None
+) -> list[str]:
     """``slurmd -Z``: a dynamic node that registers itself, with its GRES and features
-    (the ``gpu`` feature puts it in the default partition's NodeSet)."""
+    (the ``gpu`` feature puts it in the default partition's NodeSet). In an
+    autoscaled cluster the node takes its slot instead: a ``State=CLOUD``
+    node slurm.conf defines (GRES and features come from there)."""
     if not _NAME.match(node_name):
         raise ValidationError(f"invalid node name {node_name!r}", field="node_name")
+    conf_server = f"{spec.controller_addr}:{SLURMCTLD_PORT}"
+    if slot is not None:
+        if not _NAME.match(slot):
+            raise ValidationError(f"invalid slot name {slot!r}", field="slot")
+        # A node shares its host's kernel, so its boot time predates Slurm's
+        # power-up request, and slurmctld ignores a powering-up node's
+        # registration until its boot time passes that request ("still
+        # waiting for boot"). A time namespace whose boot clock starts now
+        # gives slurmd the fresh boot of the node it stands for.
+        return [
+            "sh",
+            "-c",
+            # Less the whole seconds of uptime: a boot less than a second ago.
+            'exec unshare --time --boottime "-$(cut -d. -f1 /proc/uptime)" '
+            f"slurmd -D -N {slot} --conf-server {conf_server}",
+        ]
     conf = [f"Feature={','.join(node_features(spec, features))}"]
     gres = node_gres(spec)
     if gres:
@@ -701,7 +818,7 @@ def slurmd_argv(spec: SlurmSpec, *, node_name: str, features: Iterable[str] = ()
         "-N",
         node_name,
         "--conf-server",
-        f"{spec.controller_addr}:{SLURMCTLD_PORT}",
+        conf_server,
         "--conf",
         " ".join(conf),
     ]

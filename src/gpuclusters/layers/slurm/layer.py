@@ -23,6 +23,8 @@ import logging
 import secrets
 from datetime import datetime
 
+from gpuclusters.core.autoscale import ScaleSignals, SlotState
+from gpuclusters.core.enums import GPUS_PER_NODE, ComputeClass
 from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
 from gpuclusters.layers import ssh as sshd
@@ -76,6 +78,15 @@ class SlurmLayer(ClusterLayer):
         return key
 
     def _spec(self, cluster: ClusterRef, controller: NodeShell) -> cfg.SlurmSpec:
+        auto = cluster.autoscale
+        cloud = None
+        if auto is not None:
+            cloud = cfg.CloudNodes(
+                names=auto.slots,
+                keep=auto.min_gpus // GPUS_PER_NODE,
+                suspend_time_s=auto.idle_s,
+                features=(ComputeClass.STANDARD.value,),
+            )
         return cfg.SlurmSpec(
             cluster_name=cfg.slurm_cluster_name(cluster.name),
             controller_host=controller.hostname,
@@ -83,6 +94,7 @@ class SlurmLayer(ClusterLayer):
             prolog_script=cluster.slurm_prolog or None,
             epilog_script=cluster.slurm_epilog or None,
             extra_slurm_conf=cluster.slurm_extra_config,
+            cloud=cloud,
         )
 
     async def _prepare(self, shell: NodeShell, cluster: ClusterRef) -> None:
@@ -156,16 +168,27 @@ class SlurmLayer(ClusterLayer):
         if not await self._wait_controller(controller, timeout_s=CONTROLLER_WAIT_S):
             return False  # the control plane is still coming up; asked again later
         await stack.join_compute(
-            controller, shell, spec, munge_key=key, features=[node.compute_class]
+            controller, shell, spec, munge_key=key, features=[node.compute_class], slot=node.slot
         )
         if cluster.ssh is not None:
             # Reached through the login node, by users with a job here only.
             await sshd.ensure_sshd(shell, cluster.ssh, adopt=True)
         return True
 
+    async def _powered_off(self, controller: NodeShell, node: NodeRef) -> bool:
+        """An autoscaled node whose slot Slurm powers down (or has): Slurm
+        places nothing there, and a drain would outlive the node (a drained
+        slot is never powered up again)."""
+        if node.slot is None:
+            return False
+        current = await stack.get_node(controller, node.slot)
+        return current is not None and (current.powered_down or current.powering_down)
+
     async def cordon(self, cluster: ClusterRef, node: NodeRef, *, reason: str) -> None:
         controller = await self._service(cluster, CONTROLLER)
-        await stack.cordon(controller, node.name, reason=reason)
+        if await self._powered_off(controller, node):
+            return
+        await stack.cordon(controller, node.scheduler_name, reason=reason)
 
     async def drain(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
@@ -173,15 +196,18 @@ class SlurmLayer(ClusterLayer):
         """Cordon, requeue the jobs still running there (they restart on other
         nodes; JobRequeue=1), and answer whether the node is empty."""
         controller = await self._service(cluster, CONTROLLER)
-        if await stack.drain(controller, node.name, reason=reason):
+        name = node.scheduler_name
+        if await self._powered_off(controller, node):
+            return not active_jobs_on(await stack.list_jobs(controller), name)
+        if await stack.drain(controller, name, reason=reason):
             return True
-        for job in active_jobs_on(await stack.list_jobs(controller), node.name):
+        for job in active_jobs_on(await stack.list_jobs(controller), name):
             await controller.run(["scontrol", "requeue", str(job.job_id)], check=False)
-        return await stack.drain(controller, node.name, reason=reason)
+        return await stack.drain(controller, name, reason=reason)
 
     async def is_cordoned(self, cluster: ClusterRef, node: NodeRef) -> bool:
         controller = await self._service(cluster, CONTROLLER)
-        return await stack.is_cordoned_by_user(controller, node.name)
+        return await stack.is_cordoned_by_user(controller, node.scheduler_name)
 
     async def remove_node(self, cluster: ClusterRef, node: NodeRef) -> None:
         controller = await self._service(cluster, CONTROLLER)
@@ -189,37 +215,69 @@ class SlurmLayer(ClusterLayer):
             shell: NodeShell | None = await self.access.shell(node.node_id)
         except Exception:  # the node is already gone: only slurmctld needs telling
             shell = None
-        await stack.remove(controller, node.name, node=shell)
-        await preemption.forget(controller, node.name)
+        if node.slot is not None:
+            await stack.release_slot(controller, node.slot, node=shell)
+        else:
+            await stack.remove(controller, node.name, node=shell)
+        await preemption.forget(controller, node.scheduler_name)
 
     async def uncordon(self, cluster: ClusterRef, node: NodeRef) -> None:
         controller = await self._service(cluster, CONTROLLER)
-        await stack.uncordon(controller, node.name)
+        await stack.uncordon(controller, node.scheduler_name)
 
     async def run_exclusive(
         self, cluster: ClusterRef, node: NodeRef, argv: list[str], *, timeout_s: float
     ) -> CommandResult | None:
         controller = await self._service(cluster, CONTROLLER)
         shell = await self.access.shell(node.node_id)
-        return await stack.run_as_job(controller, shell, node.name, argv, timeout_s=timeout_s)
+        return await stack.run_as_job(
+            controller, shell, node.scheduler_name, argv, timeout_s=timeout_s
+        )
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         controller = await self._service(cluster, CONTROLLER)
-        return await preemption.running_work(controller, node.name)
+        return await preemption.running_work(controller, node.scheduler_name)
 
     async def preempt(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> None:
         controller = await self._service(cluster, CONTROLLER)
-        await preemption.preempt(controller, node.name, reason=reason, deadline=deadline)
+        await preemption.preempt(controller, node.scheduler_name, reason=reason, deadline=deadline)
 
     async def preemption_done(
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
         controller = await self._service(cluster, CONTROLLER)
         return await preemption.preemption_done(
-            controller, node.name, reason=reason, deadline=deadline
+            controller, node.scheduler_name, reason=reason, deadline=deadline
         )
+
+    async def scale_signals(self, cluster: ClusterRef) -> ScaleSignals | None:
+        """Each slot's power state as slurmctld keeps it: asked up (work
+        waits), powered or powering down (idle past SuspendTime), busy."""
+        if cluster.autoscale is None:
+            return None
+        controller = await self._service(cluster, CONTROLLER)
+        if not await stack.ping(controller):
+            return None  # slurmctld restarting: nothing is decided on a partial view
+        nodes = {n.name: n for n in await stack.list_nodes(controller)}
+        jobs = await stack.list_jobs(controller)
+        slots = []
+        for name in cluster.autoscale.slots:
+            n = nodes.get(name)
+            if n is None:
+                slots.append(SlotState(name=name, wants_up=False, released=False))
+                continue
+            slots.append(
+                SlotState(
+                    name=name,
+                    wants_up=n.powering_up,
+                    released=n.powered_down or n.powering_down,
+                    busy=n.busy or bool(active_jobs_on(jobs, name)),
+                )
+            )
+        pending = tuple(str(j.job_id) for j in jobs if j.state == "PENDING")
+        return ScaleSignals(slots=tuple(slots), pending_jobs=pending)
 
     async def delete(self, cluster: ClusterRef) -> None:
         # Compute nodes are released before the cluster is deleted; the service

@@ -26,10 +26,11 @@ step later); Slurm refusing a node delete because jobs still run is a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from gpuclusters.core.enums import GPUS_PER_NODE
 from gpuclusters.core.nodeshell import CommandResult, NodeShell
@@ -45,6 +46,7 @@ from gpuclusters.layers.slurm.status import (
     parse_squeue_json,
 )
 from gpuclusters.layers.waiting import ok as _ok
+from gpuclusters.layers.waiting import poll_until
 from gpuclusters.layers.waiting import wait_for as wait_for
 
 log = logging.getLogger(__name__)
@@ -98,7 +100,23 @@ async def _write_slurm_files(shell: NodeShell, spec: cfg.SlurmSpec, *, controlle
     if controller:
         changed |= await _write_text(shell, p.gres_conf, cfg.render_gres_conf(spec))
         changed |= await _write_text(shell, p.cgroup_conf, cfg.render_cgroup_conf(spec))
+        for path, text in cfg.controller_scripts(spec).items():
+            changed |= await _write_text(shell, path, text, mode=0o755)
     return changed
+
+
+def _node_records(conf: str) -> list[str]:
+    return [line for line in conf.splitlines() if line.lower().startswith("nodename=")]
+
+
+async def _nodes_change(shell: NodeShell, spec: cfg.SlurmSpec) -> bool:
+    """Whether the slurm.conf about to be written defines other nodes than
+    the one slurmctld runs with: Slurm 22.05 reads node records only at
+    start (``scontrol reconfigure`` refuses a changed node list)."""
+    old = await shell.read_file(spec.paths.slurm_conf)
+    if old is None:
+        return False
+    return _node_records(old.decode()) != _node_records(cfg.render_slurm_conf(spec))
 
 
 async def _write_scripts(shell: NodeShell, spec: cfg.SlurmSpec) -> bool:
@@ -159,9 +177,12 @@ async def start_controller(
     files changed is reconfigured in place."""
     await _ensure_dirs(shell, cfg.controller_directories(spec))
     await ensure_munge(shell, spec, munge_key=munge_key)
+    restart = await _nodes_change(shell, spec)
     changed = await _write_slurm_files(shell, spec, controller=True)
     if spec.accounting:
         await _start_accounting(shell, spec, timeout_s=timeout_s)
+    if restart:
+        await shell.stop(cfg.SLURMCTLD, timeout_s=30.0)
     was_running = await shell.is_running(cfg.SLURMCTLD)
     await shell.spawn(cfg.SLURMCTLD, cfg.slurmctld_argv(spec))
     await wait_controller(shell, timeout_s=timeout_s)
@@ -196,8 +217,14 @@ async def apply_config(
         changed |= await _write_scripts(shell, spec)
     for shell in logins:
         changed |= await _write_slurm_files(shell, spec, controller=False)
+    restart = await _nodes_change(controller, spec)
     changed |= await _write_slurm_files(controller, spec, controller=True)
-    if changed:
+    if restart:
+        # Jobs survive: slurmctld saves its state, and slurmd keeps running them.
+        await controller.stop(cfg.SLURMCTLD, timeout_s=30.0)
+        await controller.spawn(cfg.SLURMCTLD, cfg.slurmctld_argv(spec))
+        await wait_controller(controller)
+    elif changed:
         await reconfigure(controller)
     return changed
 
@@ -226,6 +253,7 @@ async def join_compute(
     *,
     munge_key: bytes,
     features: Iterable[str] = (),
+    slot: str | None = None,
     timeout_s: float = 30.0,
 ) -> SlurmNode:
     """munged, prolog/epilog and ``slurmd -Z`` on a GPU node; returns the node once
@@ -234,12 +262,22 @@ async def join_compute(
     A slurmd that runs but is unknown to slurmctld (the node was deleted with
     ``scontrol delete``; a dynamic slurmd registers only at start) is restarted.
     On a node that booted afresh, the jobs slurmctld still counts there are
-    ended once slurmd is back (:func:`end_lost_jobs`)."""
-    name = node.hostname
+    ended once slurmd is back (:func:`end_lost_jobs`).
+
+    In an autoscaled cluster the node takes its ``slot`` (a ``State=CLOUD``
+    node of slurm.conf). A slot Slurm has powered down and did not ask
+    back (the cluster's first nodes, a node placed while Slurm thought the
+    slot idle) is asked to power up first: a powered-down node that simply
+    registers is one Slurm did not expect."""
+    name = slot or node.hostname
     await _ensure_dirs(node, cfg.compute_directories(spec))
     await ensure_munge(node, spec, munge_key=munge_key)
     await _write_scripts(node, spec)
-    argv = cfg.slurmd_argv(spec, node_name=name, features=features)
+    argv = cfg.slurmd_argv(spec, node_name=node.hostname, features=features, slot=slot)
+    if slot is not None:
+        current = await get_node(controller, slot)
+        if current is not None and current.powered_down and not current.powering_up:
+            await _scontrol_update(controller, slot, "state=power_up")
     not_before = 0
     booted = False
     if await node.is_running(cfg.SLURMD):
@@ -260,13 +298,58 @@ async def join_compute(
             return None
         return n
 
-    found = await wait_for(registered, what=f"slurmd on {name} to register", timeout_s=timeout_s)
+    if slot is None:
+        found = await wait_for(
+            registered, what=f"slurmd on {name} to register", timeout_s=timeout_s
+        )
+    else:
+        found = await _wait_slot_registered(
+            controller, node, argv, slot, registered, timeout_s=timeout_s
+        )
     if booted:
-        await end_lost_jobs(controller, name)
+        # A slot's jobs that wait for it to power up (CONFIGURING) are
+        # what it was asked for, not lost.
+        await end_lost_jobs(controller, name, waiting_ok=slot is not None)
     return found
 
 
-async def end_lost_jobs(controller: NodeShell, name: str) -> list[int]:
+# How long a slot's slurmd may go unregistered before it starts again.
+SLOT_BOOT_RETRY_S = 4.0
+
+
+async def _wait_slot_registered(
+    controller: NodeShell,
+    node: NodeShell,
+    argv: list[str],
+    slot: str,
+    registered: Callable[[], Awaitable[SlurmNode | None]],
+    *,
+    timeout_s: float,
+) -> SlurmNode:
+    """slurmctld accepts a powering-up slot's registration only from a boot
+    after its power-up request, to the second; a slurmd started in the
+    same second as the request (a node placed the moment Slurm asked)
+    reports a boot just before it and is ignored ("still waiting for
+    boot"). Such a slurmd starts again, with a later boot."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        left = deadline - loop.time()
+        found = await poll_until(registered, timeout_s=max(0.0, min(SLOT_BOOT_RETRY_S, left)))
+        if found is not None:
+            return found
+        if loop.time() >= deadline:
+            raise LayerError(
+                f"timed out after {timeout_s:.0f} s waiting for slurmd on {slot} to register"
+            )
+        current = await get_node(controller, slot)
+        if current is not None and current.powering_up and not current.responding:
+            log.info("slurmd for %s is not taken for a fresh boot: starting it again", slot)
+            await node.stop(cfg.SLURMD)
+            await node.spawn(cfg.SLURMD, argv)
+
+
+async def end_lost_jobs(controller: NodeShell, name: str, *, waiting_ok: bool = False) -> list[int]:
     """End the jobs slurmctld still counts on ``name`` after the node booted
     afresh; returns their ids. Slurm cannot tell by itself: a node shares
     its host's kernel, so its boot time did not change, and an interactive
@@ -276,7 +359,11 @@ async def end_lost_jobs(controller: NodeShell, name: str) -> list[int]:
     (``JobRequeue=1``: they run again from their start, or their own
     checkpoint), the others cancelled; a job on several nodes goes whole,
     as its part here is dead."""
-    lost = active_jobs_on(await list_jobs(controller), name)
+    lost = [
+        j
+        for j in active_jobs_on(await list_jobs(controller), name)
+        if not (waiting_ok and j.state == "CONFIGURING")
+    ]
     for job in lost:
         r = await controller.run(["scontrol", "requeue", str(job.job_id)], check=False)
         if r.returncode != 0:
@@ -435,6 +522,22 @@ async def remove(controller: NodeShell, name: str, *, node: NodeShell | None = N
     if "Invalid node name" in err:
         return
     raise LayerError(f"scontrol delete {name}: {err}")
+
+
+async def release_slot(controller: NodeShell, slot: str, *, node: NodeShell | None = None) -> None:
+    """An autoscaled cluster's node goes: its slot stays in slurm.conf,
+    powered down (ready to be asked for again) and without the drain we
+    set while it emptied. A slot Slurm powers down already is left to it;
+    any other (a repair, a cluster delete) is powered down by force."""
+    if node is not None:
+        await node.stop(cfg.SLURMD, timeout_s=30.0)
+    current = await get_node(controller, slot)
+    if current is None:
+        return
+    if current.drain:
+        await _scontrol_update(controller, slot, "state=undrain")
+    if not (current.powered_down or current.powering_down):
+        await _scontrol_update(controller, slot, "state=power_down_force")
 
 
 async def ensure_admins(controller: NodeShell, names: Iterable[str]) -> list[str]:

@@ -61,6 +61,19 @@ class SlurmNode:
     def busy(self) -> bool:
         return self.state in {"allocated", "mixed", "completing"} or "COMPLETING" in self.flags
 
+    # Power saving (autoscaled clusters' State=CLOUD slots).
+    @property
+    def powered_down(self) -> bool:
+        return "POWERED_DOWN" in self.flags
+
+    @property
+    def powering_up(self) -> bool:
+        return bool({"POWERING_UP", "POWER_UP"} & self.flags)
+
+    @property
+    def powering_down(self) -> bool:
+        return bool({"POWERING_DOWN", "POWER_DOWN"} & self.flags)
+
     @property
     def schedulable(self) -> bool:
         """Up, responding, not drained: new jobs can land here."""

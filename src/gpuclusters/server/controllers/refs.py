@@ -10,8 +10,10 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import idblocks
+from gpuclusters.core.autoscale import DEFAULT_IDLE_S, slot_names
 from gpuclusters.core.idblocks import IdBlock
 from gpuclusters.layers.base import (
+    AutoscaleRef,
     ClusterRef,
     GatewayRef,
     NodeRef,
@@ -44,6 +46,18 @@ def cluster_ref(
         slurm_epilog=cluster.slurm_epilog,
         users=users,
         nodes=nodes,
+        autoscale=autoscale_ref(cluster),
+    )
+
+
+def autoscale_ref(cluster: Cluster) -> AutoscaleRef | None:
+    if cluster.autoscale_max_gpus is None:
+        return None
+    return AutoscaleRef(
+        min_gpus=cluster.autoscale_min_gpus or 0,
+        max_gpus=cluster.autoscale_max_gpus,
+        idle_s=cluster.autoscale_idle_s or DEFAULT_IDLE_S,
+        slots=slot_names(cluster.name, cluster.autoscale_max_gpus),
     )
 
 
@@ -197,6 +211,7 @@ def node_ref(node: Node, host: Host | None) -> NodeRef:
         name=node.name,
         host=host.name if host else "",
         compute_class=node.compute_class,
+        slot=node.slot,
     )
 
 

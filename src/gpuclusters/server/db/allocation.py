@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from sqlalchemy import ColumnElement, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuclusters.core.autoscale import free_slots, slot_names
 from gpuclusters.core.capacity.placement import HostSlot, describe_counts, plan_islands
 from gpuclusters.core.capacity.preemption import PreemptibleNode, choose_victims
 from gpuclusters.core.deadlines import NODE_PHASE_DEADLINES_S, deadline_at
@@ -180,6 +181,7 @@ async def allocate_nodes(
     compute_class: str,
     work: WorkProbe | None = None,
     deadlines: Mapping[str, float] | None = None,
+    slots: list[str] | None = None,
 ) -> list[Node]:
     """Place ``count`` new nodes for the cluster and add their rows (pending,
     with the pending phase's deadline from ``deadlines``: settings'
@@ -270,8 +272,34 @@ async def allocate_nodes(
             )
         )
         await mark_preempted(session, host_id=host_id, why=f"host needed by cluster {cluster.name}")
+    if cluster.autoscale_max_gpus is not None and compute_class == ComputeClass.STANDARD.value:
+        await _give_slots(session, cluster, nodes, slots)
     session.add_all(nodes)
     return nodes
+
+
+async def _give_slots(
+    session: AsyncSession, cluster: Cluster, nodes: list[Node], wanted: list[str] | None
+) -> None:
+    """Every standard node of an autoscaled cluster holds a slot: the ones
+    the scheduler asked for, else the first free ones (a slot stays held
+    until its node is deleted)."""
+    with session.no_autoflush:
+        taken = await session.scalars(
+            select(Node.slot).where(Node.cluster_id == cluster.id, Node.deleted_at.is_(None))
+        )
+        all_slots = slot_names(cluster.name, cluster.autoscale_max_gpus or 0)
+        free = [s for s in free_slots(all_slots, taken, len(all_slots))]
+    chosen = [s for s in (wanted or []) if s in free]
+    chosen += [s for s in free if s not in chosen]
+    if len(chosen) < len(nodes):
+        raise CapacityUnavailableError(
+            f"cluster {cluster.name}: autoscaling's max_gpus "
+            f"({cluster.autoscale_max_gpus}) has no free slot left",
+            field="autoscaling.max_gpus",
+        )
+    for node, slot in zip(nodes, chosen, strict=False):
+        node.slot = slot
 
 
 async def _preemptible_nodes(

@@ -341,6 +341,11 @@ class Cluster(LeaseMixin, Base):
     # ``clusters delete --force``: who forced it and why (layer and provider
     # steps that fail are then skipped at once, each with an event).
     force_delete_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    # Autoscaling (core/autoscale.py): the range num_gpus follows the queue
+    # in, and the idle time after which a node goes; max None: fixed size.
+    autoscale_min_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    autoscale_max_gpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    autoscale_idle_s: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
@@ -401,6 +406,9 @@ class Node(LeaseMixin, Base):
     # Automatic repair may be turned off per node; the agent says whether
     # its GPUs are real (nvml) or simulated (fault injection allowed).
     auto_repair: Mapped[bool] = mapped_column(Boolean, default=True)
+    # An autoscaled cluster's standard node holds one of its slots (the
+    # scheduler's name for it) until the node is deleted.
+    slot: Mapped[str | None] = mapped_column(String(64), default=None)
     gpu_backend: Mapped[str | None] = mapped_column(String(16), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     phase_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

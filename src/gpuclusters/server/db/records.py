@@ -4,6 +4,7 @@ They only add to the caller's session; the caller owns the transaction."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -71,14 +72,52 @@ async def set_cluster_status(
 async def record_event(session: AsyncSession, node: Node, reason: str, message: str) -> None:
     """Add a lifecycle event, or refresh the one this node already has for
     this reason (events are deduplicated by node and reason)."""
-    now = utcnow()
-    # One statement either way (the row is unique by node and reason).
-    insert = upsert_insert(session, NodeEvent).values(
-        id=new_id(),
+    await _upsert_event(
+        session,
         project_id=node.project_id,
         cluster_id=node.cluster_id,
         node_id=node.id,
         node_name=node.name,
+        reason=reason,
+        message=message,
+    )
+
+
+async def record_cluster_event(
+    session: AsyncSession, cluster: Cluster, subject: str, reason: str, message: str
+) -> None:
+    """An event about a cluster's part that has no node (an autoscaled
+    cluster's slot): listed with node events under ``subject``,
+    deduplicated by cluster, subject and reason."""
+    await _upsert_event(
+        session,
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        node_id=hashlib.sha256(f"{cluster.id}/{subject}".encode()).hexdigest()[:32],
+        node_name=subject,
+        reason=reason,
+        message=message,
+    )
+
+
+async def _upsert_event(
+    session: AsyncSession,
+    *,
+    project_id: str,
+    cluster_id: str,
+    node_id: str,
+    node_name: str,
+    reason: str,
+    message: str,
+) -> None:
+    now = utcnow()
+    # One statement either way (the row is unique by node and reason).
+    insert = upsert_insert(session, NodeEvent).values(
+        id=new_id(),
+        project_id=project_id,
+        cluster_id=cluster_id,
+        node_id=node_id,
+        node_name=node_name,
         reason=reason,
         message=message,
         count=1,

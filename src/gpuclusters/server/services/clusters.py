@@ -265,6 +265,9 @@ async def _create_placed(
         repair_automatic=check_policy_kinds(body.repair.automatic) if body.repair else "",
         repair_max_wait_s=body.repair.max_wait_s if body.repair else 7200,
         egress=body.egress,
+        autoscale_min_gpus=body.autoscaling.min_gpus if body.autoscaling else None,
+        autoscale_max_gpus=body.autoscaling.max_gpus if body.autoscaling else None,
+        autoscale_idle_s=body.autoscaling.idle_s if body.autoscaling else None,
         status="",  # set just below, so the phase history starts with queued
         volume_id=volume.id,
         created_by=principal.user_name,
@@ -367,12 +370,14 @@ async def update_cluster(
         cluster = await _get_live(session, project, name)
         if cluster.status in (ClusterStatus.DELETING.value, ClusterStatus.DELETED.value):
             raise InvalidStateError(f"cluster {name!r} is being deleted", field="name")
+        target = body.num_gpus if body.num_gpus is not None else cluster.num_gpus
+        if body.autoscaling is not None:
+            target = max(cluster.num_gpus, body.autoscaling.min_gpus)
         await quotas.enforce(
             session,
             project,
             Amounts(
-                standard_gpus=(body.num_gpus if body.num_gpus is not None else cluster.num_gpus)
-                - cluster.num_gpus,
+                standard_gpus=target - cluster.num_gpus,
                 preemptible_gpus=(
                     body.num_preemptible_gpus
                     if body.num_preemptible_gpus is not None
@@ -394,6 +399,14 @@ async def update_cluster(
             cluster.egress = body.egress
             # Applied live by the cluster reconciler (the host's firewall).
             cluster.config_generation += 1
+        if body.autoscaling is not None:
+            await _set_autoscaling(session, rt=rt, cluster=cluster, settings=body.autoscaling)
+        elif body.num_gpus is not None and cluster.autoscale_max_gpus is not None:
+            raise ValidationError(
+                "num_gpus: an autoscaled cluster's size follows its queue; change "
+                "autoscaling.min_gpus or max_gpus instead",
+                field="num_gpus",
+            )
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
             if cluster.nodes_placed:
                 await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
@@ -459,6 +472,34 @@ def _set_slurm(cluster: Cluster, settings: api.SlurmSettings) -> None:
         return
     cluster.slurm_extra_config, cluster.slurm_prolog, cluster.slurm_epilog = new
     cluster.config_generation += 1
+
+
+async def _set_autoscaling(
+    session: AsyncSession, *, rt: Runtime, cluster: Cluster, settings: api.AutoscalingSettings
+) -> None:
+    """A new range for an autoscaled cluster: slurm.conf follows (its slots
+    and idle time; the cluster reconciler applies it live), and a min_gpus
+    above the current size adds the nodes at once."""
+    if cluster.autoscale_max_gpus is None:
+        raise ValidationError(
+            "autoscaling: set it when the cluster is created (a fixed-size cluster's nodes "
+            "hold no slots)",
+            field="autoscaling",
+        )
+    if settings.max_gpus < cluster.num_gpus:
+        raise ValidationError(
+            f"autoscaling.max_gpus: below the cluster's current {cluster.num_gpus} GPUs; "
+            "lower it once the cluster has shrunk",
+            field="autoscaling.max_gpus",
+        )
+    new = (settings.min_gpus, settings.max_gpus, settings.idle_s)
+    old = (cluster.autoscale_min_gpus, cluster.autoscale_max_gpus, cluster.autoscale_idle_s)
+    if new == old:
+        return
+    cluster.autoscale_min_gpus, cluster.autoscale_max_gpus, cluster.autoscale_idle_s = new
+    cluster.config_generation += 1
+    if settings.min_gpus > cluster.num_gpus and cluster.nodes_placed:
+        await _scale(session, rt=rt, cluster=cluster, num_gpus=settings.min_gpus)
 
 
 def _extend_reservation(cluster: Cluster, body: api.ClusterUpdate) -> None:

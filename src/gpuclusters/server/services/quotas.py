@@ -1,77 +1,22 @@
 """Project quotas (``core/quotas.py``): organization admins set them, any
 member reads them with the project's use, and every create, scale and
-resize checks them before it writes.
-
-``enforce`` locks the project's row first (PostgreSQL; SQLite serializes
-writers), so two creates at once cannot both pass a check that only one
-fits, and it runs inside the caller's transaction: a refusal rolls the
-request back, and nothing of it is left.
+resize checks them before it writes (``db/quotas.enforce``, shared with
+the autoscaler).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import ProjectRole
-from gpuclusters.core.errors import QuotaExceededError
-from gpuclusters.core.quotas import Amounts, Limits, excess
-from gpuclusters.server.db.models import Cluster, Project, ProjectQuota, Volume, utcnow
+from gpuclusters.core.quotas import Limits
+from gpuclusters.server.db.models import ProjectQuota, utcnow
+from gpuclusters.server.db.quotas import enforce, limits_of, use_of
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.tenancy import require_org_admin, resolve_project
 
-
-async def limits_of(session: AsyncSession, project_id: str) -> Limits:
-    row = await session.get(ProjectQuota, project_id)
-    if row is None:
-        return Limits()
-    return Limits(
-        standard_gpus=row.standard_gpus,
-        preemptible_gpus=row.preemptible_gpus,
-        clusters=row.clusters,
-        volume_tib=row.volume_tib,
-    )
-
-
-async def use_of(session: AsyncSession, project_id: str) -> Amounts:
-    """What the project holds: its live clusters' GPU targets, their number,
-    and its live volumes' size. Pending objects of the caller's own
-    transaction are not counted (no autoflush): they are what it adds."""
-    with session.no_autoflush:
-        standard, preemptible, count = (
-            await session.execute(
-                select(
-                    func.coalesce(func.sum(Cluster.num_gpus), 0),
-                    func.coalesce(func.sum(Cluster.num_preemptible_gpus), 0),
-                    func.count(Cluster.id),
-                ).where(Cluster.project_id == project_id, Cluster.deleted_at.is_(None))
-            )
-        ).one()
-        tib = await session.scalar(
-            select(func.coalesce(func.sum(Volume.size_tib), 0)).where(
-                Volume.project_id == project_id, Volume.deleted_at.is_(None)
-            )
-        )
-    return Amounts(
-        standard_gpus=int(standard),
-        preemptible_gpus=int(preemptible),
-        clusters=int(count),
-        volume_tib=int(tib or 0),
-    )
-
-
-async def enforce(session: AsyncSession, project: Project, add: Amounts) -> None:
-    """Refuse (409 ``quota_exceeded``) a change that would take the project
-    above a quota."""
-    with session.no_autoflush:
-        await session.execute(select(Project.id).where(Project.id == project.id).with_for_update())
-        limits = await limits_of(session, project.id)
-    if limits == Limits():
-        return  # no quota: nothing to count
-    over = excess(limits, await use_of(session, project.id), add)
-    if over is not None:
-        raise QuotaExceededError(over.message, field=over.quota)
+__all__ = ["enforce", "get_quota", "limits_of", "set_quota", "use_of"]
 
 
 def _limits_view(limits: Limits) -> api.QuotaLimits:

@@ -11,6 +11,7 @@ from sqlalchemy import Row, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
+from gpuclusters.core.autoscale import DEFAULT_IDLE_S
 from gpuclusters.core.capacity.reservations import split
 from gpuclusters.core.enums import GPUS_PER_NODE, ClusterType, ComputeClass, NodePhase
 from gpuclusters.server.db.capacity import project_windows
@@ -231,6 +232,15 @@ async def cluster_views(
                     max_wait_s=c.repair_max_wait_s,
                 ),
                 egress=c.egress,
+                autoscaling=(
+                    api.AutoscalingSettings(
+                        min_gpus=c.autoscale_min_gpus or 0,
+                        max_gpus=c.autoscale_max_gpus,
+                        idle_s=c.autoscale_idle_s or DEFAULT_IDLE_S,
+                    )
+                    if c.autoscale_max_gpus is not None
+                    else None
+                ),
                 ssh_endpoint=(
                     api.Endpoint(host=c.gateway_host, port=c.ssh_port)
                     if c.gateway_host and c.ssh_port
