@@ -18,6 +18,7 @@ import inspect
 from collections import defaultdict, deque
 from datetime import datetime
 
+from gpuclusters.core.autoscale import ScaleSignals
 from gpuclusters.layers.base import ClusterRef, NodeRef
 from gpuclusters.layers.noop.layer import NoopLayer
 
@@ -87,6 +88,14 @@ class ScriptedLayer(NoopLayer):
         self, cluster: ClusterRef, node: NodeRef, *, reason: str, deadline: datetime
     ) -> bool:
         return bool(await self._answer("preemption_done", node.name, True))
+
+    async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
+        return int(await self._answer("running_work", node.name, 0))  # type: ignore[call-overload]
+
+    async def scale_signals(self, cluster: ClusterRef) -> ScaleSignals | None:
+        answer = await self._answer("scale_signals", cluster.name, None)
+        assert answer is None or isinstance(answer, ScaleSignals)
+        return answer
 
     def waiting_for_builds(self) -> str | None:
         return self.builds_message

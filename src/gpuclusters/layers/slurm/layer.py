@@ -276,7 +276,8 @@ class SlurmLayer(ClusterLayer):
                     busy=n.busy or bool(active_jobs_on(jobs, name)),
                 )
             )
-        pending = tuple(str(j.job_id) for j in jobs if j.state == "PENDING")
+        # A job Slurm has given the slots to waits in CONFIGURING until they boot.
+        pending = tuple(str(j.job_id) for j in jobs if j.state in ("PENDING", "CONFIGURING"))
         return ScaleSignals(slots=tuple(slots), pending_jobs=pending)
 
     async def delete(self, cluster: ClusterRef) -> None:

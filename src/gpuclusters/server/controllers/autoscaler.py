@@ -160,7 +160,7 @@ async def _standard_nodes(session: AsyncSession, cluster_id: str) -> list[Node]:
 
 def _waiting(signals: ScaleSignals) -> str:
     if not signals.pending_jobs:
-        return "work waits"
+        return "waiting work"
     shown = ", ".join(signals.pending_jobs[:5])
     more = f" and {len(signals.pending_jobs) - 5} more" if len(signals.pending_jobs) > 5 else ""
     return f"pending job(s) {shown}{more}"
