@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Annotated
 
 import typer
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
 
 from gpuclusters.cli.context import (
@@ -38,6 +38,7 @@ from gpuclusters.core.models import (
     GpuType,
     Host,
     Project,
+    ProjectBudget,
     ProjectMember,
     ProjectQuota,
     Region,
@@ -493,3 +494,92 @@ def hosts_join_token(
             ]
         ),
     )
+
+
+budget_app = typer.Typer(
+    help="A project's budget: money per month or a prepaid credit, alerts at 50/80/100%, "
+    "and what happens once it is spent (docs/budgets.md).",
+    no_args_is_help=True,
+)
+projects_app.add_typer(budget_app, name="budget")
+
+
+def budget_view(b: ProjectBudget) -> RenderableType:
+    if b.budget is None:
+        return Text(f"project {b.project}: no budget")
+    rows = [
+        ("budget", f"{b.budget.amount:.2f} {b.currency} {b.budget.kind}"),
+        ("policy", f"{b.budget.policy} once spent"),
+        (
+            "spent",
+            f"{b.spent:.2f} {b.currency} ({b.percent:.1f}%) since "
+            + (clock(b.period_start) if b.period_start else "-"),
+        ),
+        ("remaining", f"{(b.remaining or 0):.2f} {b.currency}"),
+        ("enforced", b.enforced or "no"),
+        ("grace ends", clock(b.grace_ends_at) if b.grace_ends_at else "-"),
+        ("webhook", b.budget.webhook_url or "-"),
+    ]
+    parts: list[RenderableType] = [details(rows)]
+    if b.alerts:
+        t = table("TIME", "ALERT", "MESSAGE")
+        for a in b.alerts:
+            t.add_row(clock(a.timestamp), f"{a.kind} {a.percent}%", a.message)
+        parts += [Text(""), t]
+    return Group(*parts)
+
+
+@budget_app.command("get")
+@api_command
+def budget_get(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """The project's budget, what was spent in its period, and its alerts."""
+    with open_client(project) as client:
+        b = client.projects.budget()
+    emit(output, b, render=lambda: budget_view(b))
+
+
+@budget_app.command("set")
+@api_command
+def budget_set(
+    *,
+    monthly: Annotated[
+        float | None,
+        typer.Option("--monthly", help="money per calendar month (UTC)", show_default=False),
+    ] = None,
+    credit: Annotated[
+        float | None,
+        typer.Option(
+            "--credit", help="a prepaid credit, counted from now (a top-up)", show_default=False
+        ),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", help="once spent: pause (no new nodes) or stop")
+    ] = "pause",
+    webhook: Annotated[
+        str | None,
+        typer.Option("--webhook", help="URL POSTed each alert as JSON", show_default=False),
+    ] = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Set the project's budget (organization admins): --monthly N or --credit N."""
+    if (monthly is None) == (credit is None):
+        raise typer.BadParameter("give one of --monthly or --credit", param_hint="--monthly")
+    body = {
+        "kind": "monthly" if monthly is not None else "credit",
+        "amount": monthly if monthly is not None else credit,
+        "policy": policy,
+        "webhook_url": webhook,
+    }
+    with open_client(project) as client:
+        b = client.projects.set_budget(body)
+    emit(output, b, render=lambda: budget_view(b))
+
+
+@budget_app.command("delete")
+@api_command
+def budget_delete(*, project: ProjectOpt = None, output: OutputOpt = OutputFormat.TABLE) -> None:
+    """Remove the project's budget (organization admins)."""
+    with open_client(project) as client:
+        b = client.projects.delete_budget()
+    emit(output, b, render=lambda: budget_view(b))

@@ -93,11 +93,17 @@ class UsageAPI:
         self._s = session
 
     def report(
-        self, *, since: datetime | None = None, until: datetime | None = None
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        by: str | None = None,
     ) -> UsageReport:
-        """GPU-hours and cost per cluster and class (default: the last 30 days)."""
+        """GPU-hours and cost per cluster and class (default: the last 30
+        days); ``by`` ("user" or "cluster") adds totals per user or cluster."""
         params = {
             "since": since.isoformat() if since else None,
             "until": until.isoformat() if until else None,
+            "by": by,
         }
         return self._s.get(self._s.project_path("usage"), UsageReport, params=params)

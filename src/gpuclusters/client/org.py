@@ -15,12 +15,14 @@ from gpuclusters.client._session import Session, body_of, quote_name
 from gpuclusters.core.models import (
     ApiKeyCreate,
     ApiKeyCreated,
+    BudgetSettings,
     Capacity,
     CapacityCreate,
     GpuType,
     Host,
     HostJoinToken,
     Project,
+    ProjectBudget,
     ProjectCreate,
     ProjectMember,
     ProjectQuota,
@@ -62,6 +64,24 @@ class ProjectsAPI:
         return self._s.send(
             "PUT", self._quota_path(project), model=ProjectQuota, json=body_of(limits)
         )
+
+    def budget(self, project: str | None = None) -> ProjectBudget:
+        """The project's budget, what was spent, and its alerts (any member)."""
+        return self._s.get(self._budget_path(project), ProjectBudget)
+
+    def set_budget(
+        self, budget: BudgetSettings | Mapping[str, Any], project: str | None = None
+    ) -> ProjectBudget:
+        """Set the project's budget (org admins)."""
+        return self._s.send(
+            "PUT", self._budget_path(project), model=ProjectBudget, json=body_of(budget)
+        )
+
+    def delete_budget(self, project: str | None = None) -> ProjectBudget:
+        return self._s.send("DELETE", self._budget_path(project), model=ProjectBudget)
+
+    def _budget_path(self, project: str | None) -> str:
+        return f"/v1/projects/{quote_name(project or self._s.project)}/budget"
 
     def _quota_path(self, project: str | None) -> str:
         return f"/v1/projects/{quote_name(project or self._s.project)}/quota"

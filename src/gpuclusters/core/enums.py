@@ -35,6 +35,10 @@ class ClusterStatus(StrEnum):
     READY = "ready"
     DEGRADED = "degraded"
     PAUSED = "paused"
+    # The project's budget ran out under the ``stop`` policy: its nodes are
+    # released, volume and control plane kept; it resumes when credit
+    # returns (docs/budgets.md).
+    SUSPENDED = "suspended"
     FAILED = "failed"
     DELETING = "deleting"
     DELETED = "deleted"

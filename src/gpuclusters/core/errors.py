@@ -73,6 +73,13 @@ class QuotaExceededError(ConflictError):
     code = "quota_exceeded"
 
 
+class BudgetExhaustedError(ConflictError):
+    """The project's budget is spent and its policy holds new nodes back
+    (docs/budgets.md); the message says since when and how it lifts."""
+
+    code = "budget_exhausted"
+
+
 class ServerError(GpuClustersError):
     code = "internal"
 

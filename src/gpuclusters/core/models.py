@@ -384,6 +384,55 @@ class ProjectQuota(_Out):
     use: QuotaAmounts
 
 
+class BudgetSettings(_Model):
+    """A project's budget (docs/budgets.md): ``amount`` in the pricing's
+    currency per calendar month (UTC), or a prepaid credit counted from
+    when it is set; ``policy`` once it is spent and the grace period over."""
+
+    kind: Literal["monthly", "credit"]
+    amount: float = Field(gt=0, le=1e12)
+    policy: Literal["pause", "stop"] = "pause"
+    webhook_url: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="POSTed a JSON document at each alert (docs/budgets.md)",
+    )
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+class BudgetAlertView(_Out):
+    timestamp: datetime
+    kind: str  # threshold, enforced, lifted
+    percent: int
+    spent: float
+    amount: float
+    message: str
+
+
+class ProjectBudget(_Out):
+    """``GET /v1/projects/{project}/budget``: the budget and where it stands."""
+
+    project: str
+    budget: BudgetSettings | None
+    period_start: datetime | None = None
+    spent: float = 0.0
+    remaining: float | None = None
+    percent: float = 0.0
+    currency: str = "USD"
+    exhausted_since: datetime | None = None
+    grace_ends_at: datetime | None = None
+    enforced: str | None = Field(
+        default=None, description="the policy in force now (pause, stop) or null"
+    )
+    alerts: list[BudgetAlertView] = Field(default_factory=list)
+
+
 class SsoInfo(_Out):
     """``GET /v1/auth/sso``: whether this server signs users in through an
     identity provider, and which."""
@@ -888,6 +937,14 @@ class UsageLine(_Out):
     cost: float
 
 
+class UsageByLine(_Out):
+    """One row of ``GET .../usage?by=user|cluster``."""
+
+    key: str  # the user or cluster
+    gpu_hours: float
+    cost: float
+
+
 class UsageReport(_Out):
     project: str
     since: datetime
@@ -896,6 +953,10 @@ class UsageReport(_Out):
     lines: list[UsageLine]
     total_gpu_hours: float
     total_cost: float
+    by: Literal["user", "cluster"] | None = None
+    groups: list[UsageByLine] = Field(
+        default_factory=list, description="totals per user or cluster (with by=)"
+    )
 
 
 class AgentHeartbeat(_Model):

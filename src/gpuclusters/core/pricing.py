@@ -44,6 +44,7 @@ class Interval:
     num_gpus: int
     started_at: datetime
     ended_at: datetime | None
+    user: str = ""  # who created the cluster (reports by user)
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,7 +90,9 @@ class ScriptedLayer(NoopLayer):
         return bool(await self._answer("preemption_done", node.name, True))
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
-        return int(await self._answer("running_work", node.name, 0))  # type: ignore[call-overload]
+        answer = await self._answer("running_work", node.name, 0)
+        assert isinstance(answer, int)
+        return answer
 
     async def scale_signals(self, cluster: ClusterRef) -> ScaleSignals | None:
         answer = await self._answer("scale_signals", cluster.name, None)

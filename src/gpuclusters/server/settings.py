@@ -463,6 +463,12 @@ class Settings(BaseSettings):
         '{"on_demand": 2.5, "preemptible": 1.0}}; unset ones are the on-demand rate '
         "(or the list price in core/pricing.py) less the kind's discount",
     )
+    budget_grace_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="how long a project runs on once its budget is spent, before its policy "
+        "(pause or stop) applies (docs/budgets.md)",
+    )
     preemptible_discount: float = Field(
         default=0.6, ge=0, le=1, description="preemptible discount off the on-demand rate"
     )

@@ -19,7 +19,9 @@ acts on the difference, level-triggered:
   ``ScaleDownDeferred`` event.
 
 ``num_gpus`` follows: +8 for each node added, -8 for each released, so
-``clusters get`` shows the cluster's size. No I/O happens inside a
+``clusters get`` shows the cluster's size. The cluster stays ``ready``
+while nodes come and go (a node still booting does not degrade an
+autoscaled cluster): users keep working on it. No I/O happens inside a
 transaction: the scheduler is read first, then the decision is re-checked
 against the rows under the lock (a node another replica added for the slot
 in between is not added twice).
@@ -42,17 +44,21 @@ from gpuclusters.core.enums import (
     EventReason,
     NodePhase,
 )
-from gpuclusters.core.errors import CapacityUnavailableError, QuotaExceededError
+from gpuclusters.core.errors import (
+    BudgetExhaustedError,
+    CapacityUnavailableError,
+    QuotaExceededError,
+)
 from gpuclusters.core.quotas import Amounts
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
 from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
+from gpuclusters.server.db.budgets import refuse_new_nodes
 from gpuclusters.server.db.models import Cluster, Host, Node, Project
 from gpuclusters.server.db.quotas import enforce
 from gpuclusters.server.db.records import (
     record_cluster_event,
     record_event,
-    set_cluster_status,
 )
 from gpuclusters.server.runtime import Runtime
 
@@ -167,7 +173,6 @@ def _waiting(signals: ScaleSignals) -> str:
 
 
 async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: ScaleSignals) -> None:
-    added_any = False
     async with rt.sessionmaker() as session, placement_guard(session, rt.placement_lock):
         cluster = (
             await session.execute(select(Cluster).where(Cluster.id == cluster_id).with_for_update())
@@ -184,6 +189,7 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
             why = _waiting(signals)
             try:
                 await enforce(session, project, Amounts(standard_gpus=GPUS_PER_NODE))
+                await refuse_new_nodes(session, project.id, what=slot)
                 added = await allocate_nodes(
                     session,
                     cluster=cluster,
@@ -193,7 +199,7 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
                     deadlines=rt.settings.node_phase_deadlines_s,
                     slots=[slot],
                 )
-            except (QuotaExceededError, CapacityUnavailableError) as exc:
+            except (QuotaExceededError, BudgetExhaustedError, CapacityUnavailableError) as exc:
                 await record_cluster_event(
                     session,
                     cluster,
@@ -204,7 +210,6 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
                 continue
             cluster.num_gpus += GPUS_PER_NODE
             await session.flush()
-            added_any = True
             for node in added:
                 await record_event(
                     session,
@@ -237,17 +242,6 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
                     EventReason.SCALE_DOWN_DEFERRED,
                     f"node {name} ({kept.slot}) is idle past its time in Slurm but stays: {why}",
                 )
-        if added_any and cluster.status in (
-            ClusterStatus.READY.value,
-            ClusterStatus.DEGRADED.value,
-        ):
-            await set_cluster_status(
-                session,
-                cluster,
-                ClusterStatus.WAITING_FOR_NODES.value,
-                f"autoscaling up to {cluster.num_gpus // GPUS_PER_NODE} nodes",
-                deadlines=rt.settings.cluster_phase_deadlines_s,
-            )
         await session.commit()
     rt.hints.notify_rows(hints.CLUSTERS, [cluster_id])
     rt.hints.notify(hints.NODES)

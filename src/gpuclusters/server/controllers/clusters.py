@@ -638,7 +638,10 @@ class ClusterReconciler(SteppedReconciler):
                 await session.commit()
             return MOVED
         failed, running, wanted = s.standard_counts()
-        status = S.DEGRADED if failed or len(running) < wanted else S.READY
+        # An autoscaled cluster's nodes come and go with its queue: one
+        # still booting does not degrade it (the cluster stays usable).
+        short = len(running) < wanted and s.cluster.autoscale_max_gpus is None
+        status = S.DEGRADED if failed or short else S.READY
         return of(
             await self._transition(row_id, token, status, f"{len(running)}/{wanted} nodes running")
         )

@@ -10,7 +10,9 @@
   rebuilds those instead;
 * drop lifecycle events older than the retention (72 h by default);
 * open a ``heartbeat_missed`` alert on running nodes whose agent went silent;
-* mark hosts whose host agent went silent ``unreachable`` (docs/hosts.md).
+* mark hosts whose host agent went silent ``unreachable`` (docs/hosts.md);
+* budgets: alerts, and the policy of a project whose budget is spent
+  (controllers/budgets.py).
 
 Orphan collection never deletes an instance whose node row is live, and the
 node row always exists before its instance is asked for, so it cannot race
@@ -36,6 +38,7 @@ from gpuclusters.core.enums import EventReason, HostAgentStatus, NodePhase
 from gpuclusters.providers.base import InstanceState, ProviderError
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.alerts import note_missed_heartbeats
+from gpuclusters.server.controllers.budgets import enforce_budgets
 from gpuclusters.server.controllers.sso_sessions import recheck_sessions
 from gpuclusters.server.db.models import AuditEvent, Host, Node, NodeEvent, utcnow
 from gpuclusters.server.db.records import close_usage, record_event, set_node_phase
@@ -195,6 +198,7 @@ async def _chores(rt: Runtime) -> None:
         expire_audit_events,
         recheck_sessions,
         missed_heartbeats,
+        enforce_budgets,
     ):
         try:
             await chore(rt)

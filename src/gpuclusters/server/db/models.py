@@ -126,6 +126,44 @@ class ProjectQuota(Base):
     updated_by: Mapped[str] = mapped_column(String(64), default="")
 
 
+class ProjectBudget(Base):
+    """A project's budget (core/budgets.py): money per month or a prepaid
+    credit, the policy once it is spent, and where the enforcement stands."""
+
+    __tablename__ = "project_budgets"
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # monthly, credit
+    amount: Mapped[float] = mapped_column(Float)
+    policy: Mapped[str] = mapped_column(String(16))  # pause, stop
+    webhook_url: Mapped[str | None] = mapped_column(Text, default=None)
+    # A credit counts spending from when it was set (a top-up sets it anew).
+    credit_since: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Alerts: the period they were given in and the highest threshold given.
+    alert_period: Mapped[str] = mapped_column(String(40), default="")
+    alerted_percent: Mapped[int] = mapped_column(Integer, default=0)
+    exhausted_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # The policy in force now (None: nothing held back).
+    enforced: Mapped[str | None] = mapped_column(String(16), default=None)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(64), default="")
+
+
+class BudgetAlert(Base):
+    """One alert of a project's budget: a threshold crossed, or its
+    policy applied or lifted. Kept as long as the project."""
+
+    __tablename__ = "budget_alerts"
+    __table_args__ = (Index("ix_budget_alerts_project_time", "project_id", "timestamp"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16))  # threshold, enforced, lifted
+    percent: Mapped[int] = mapped_column(Integer, default=0)
+    spent: Mapped[float] = mapped_column(Float, default=0.0)
+    amount: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
 class User(Base):
     __tablename__ = "users"
     __table_args__ = (
@@ -493,6 +531,8 @@ class UsageRecord(Base):
     num_gpus: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Who created the cluster (usage reports by user); "" before 0017.
+    user_name: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
 
 class CapacityWindow(Base):

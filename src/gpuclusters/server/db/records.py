@@ -206,6 +206,7 @@ async def open_usage(
             billing=await billing_for(session, node, cluster, now),
             num_gpus=GPUS_PER_NODE,
             started_at=now,
+            user_name=cluster.created_by or "",
         )
     )
 

@@ -8,7 +8,7 @@ from gpuclusters.core import models as api
 from gpuclusters.core.enums import HostState
 from gpuclusters.server.deps import PrincipalDep, RuntimeDep, SessionDep
 from gpuclusters.server.routers.paging import PAGED, PageDep, paged_response
-from gpuclusters.server.services import capacity, catalog, quotas, tenancy
+from gpuclusters.server.services import budgets, capacity, catalog, quotas, tenancy
 from gpuclusters.server.services.access_changes import access_changed
 
 router = APIRouter(prefix="/v1")
@@ -129,6 +129,40 @@ async def set_quota(
 ) -> api.ProjectQuota:
     """Set the project's quotas (organization admins); null is no limit."""
     return await quotas.set_quota(session, principal=principal, project_name=project, body=body)
+
+
+@router.get("/projects/{project}/budget", response_model=api.ProjectBudget)
+async def get_budget(
+    project: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.ProjectBudget:
+    """The project's budget, what was spent in its period, and its alerts (any member)."""
+    return await budgets.get_budget(session, rt=rt, principal=principal, project_name=project)
+
+
+@router.put("/projects/{project}/budget", response_model=api.ProjectBudget)
+async def set_budget(
+    project: str,
+    body: api.BudgetSettings,
+    session: SessionDep,
+    principal: PrincipalDep,
+    rt: RuntimeDep,
+) -> api.ProjectBudget:
+    """Set the project's budget (organization admins); a credit counts from now."""
+    return await budgets.set_budget(
+        session, rt=rt, principal=principal, project_name=project, body=body
+    )
+
+
+@router.delete(
+    "/projects/{project}/budget",
+    response_model=api.ProjectBudget,
+    responses={409: {"description": "its policy is in force: raise it first"}},
+)
+async def delete_budget(
+    project: str, session: SessionDep, principal: PrincipalDep, rt: RuntimeDep
+) -> api.ProjectBudget:
+    """Remove the project's budget (organization admins)."""
+    return await budgets.delete_budget(session, rt=rt, principal=principal, project_name=project)
 
 
 @router.get("/projects/{project}/members", response_model=list[api.ProjectMember])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Request, Response
 
@@ -248,7 +248,16 @@ async def usage_report(
     rt: RuntimeDep,
     since: IsoTime | None = None,
     until: IsoTime | None = None,
+    by: Literal["user", "cluster"] | None = None,
 ) -> api.UsageReport:
+    """GPU-hours and cost; with ``by``, also totals per user (who created
+    the cluster) or per cluster."""
     return await usage.usage_report(
-        session, rt=rt, principal=principal, project_name=project, since=since, until=until
+        session,
+        rt=rt,
+        principal=principal,
+        project_name=project,
+        since=since,
+        until=until,
+        by=by,
     )

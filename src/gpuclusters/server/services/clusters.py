@@ -17,7 +17,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
-from gpuclusters.core.capacity.preemption import preemptible_surplus
 from gpuclusters.core.capacity.scale_down import NodeSnapshot, choose_nodes_to_remove
 from gpuclusters.core.catalog import GPU_TYPES
 from gpuclusters.core.enums import (
@@ -44,10 +43,12 @@ from gpuclusters.layers.slurm.config import validate_extra_slurm_conf
 from gpuclusters.server.controllers import hints
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
 from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
+from gpuclusters.server.db.budgets import refuse_new_nodes
 from gpuclusters.server.db.gateway import assign_ports
 from gpuclusters.server.db.models import Cluster, Host, Node, Project, Volume, utcnow
 from gpuclusters.server.db.paging import page_of
 from gpuclusters.server.db.records import forget_failures, record_event, set_cluster_status
+from gpuclusters.server.db.scaling import live_nodes, set_preemptible_target
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services import quotas
@@ -223,6 +224,8 @@ async def _create_once(
     # the guard, then SQLite's writer gate).
     async with guard():
         await quotas.enforce(session, project, add)
+        if add.standard_gpus or add.preemptible_gpus:
+            await refuse_new_nodes(session, project.id, what="num_gpus")
         return await _create_placed(
             session,
             rt=rt,
@@ -373,6 +376,11 @@ async def update_cluster(
         target = body.num_gpus if body.num_gpus is not None else cluster.num_gpus
         if body.autoscaling is not None:
             target = max(cluster.num_gpus, body.autoscaling.min_gpus)
+        if (
+            target > cluster.num_gpus
+            or (body.num_preemptible_gpus or 0) > cluster.num_preemptible_gpus
+        ):
+            await refuse_new_nodes(session, project.id, what="num_gpus")
         await quotas.enforce(
             session,
             project,
@@ -389,7 +397,7 @@ async def update_cluster(
         if body.reservation_end is not None:
             _extend_reservation(cluster, body)
         if body.num_preemptible_gpus is not None:
-            await _set_preemptible_target(session, cluster, body.num_preemptible_gpus)
+            await set_preemptible_target(session, cluster, body.num_preemptible_gpus)
         if body.slurm is not None:
             _set_slurm(cluster, body.slurm)
         if body.repair is not None:
@@ -422,44 +430,6 @@ async def update_cluster(
     rt.hints.notify_rows(hints.CLUSTERS, [cluster_id])
     rt.hints.notify(hints.NODES)
     return view
-
-
-async def _live_nodes(session: AsyncSession, cluster: Cluster, cls: ComputeClass) -> list[Node]:
-    """The cluster's nodes of one class that are not on their way out."""
-    return list(
-        await session.scalars(
-            select(Node).where(
-                Node.cluster_id == cluster.id,
-                Node.deleted_at.is_(None),
-                Node.to_delete.is_(False),
-                Node.compute_class == cls.value,
-            )
-        )
-    )
-
-
-async def _set_preemptible_target(session: AsyncSession, cluster: Cluster, gpus: int) -> None:
-    """A higher target is filled by the cluster reconciler as spare capacity
-    allows; a lower one removes the surplus at once (nodes still booting
-    first, then the newest), with an ordinary drain, not a preemption."""
-    cluster.num_preemptible_gpus = gpus
-    live = await _live_nodes(session, cluster, ComputeClass.PREEMPTIBLE)
-    surplus = preemptible_surplus(target_gpus=gpus, live_nodes=len(live))
-    snapshots = [
-        NodeSnapshot(
-            name=n.name,
-            cordoned=False,
-            running=n.phase == NodePhase.RUNNING.value,
-            failed=n.phase == NodePhase.FAILED.value,
-            created_at=n.created_at,
-        )
-        for n in live
-    ]
-    victims = set(choose_nodes_to_remove(snapshots, count=surplus))
-    for n in live:
-        if n.name in victims:
-            n.to_delete = True
-            n.delete_reason = "scale_down"
 
 
 def _set_slurm(cluster: Cluster, settings: api.SlurmSettings) -> None:
@@ -518,7 +488,7 @@ def _extend_reservation(cluster: Cluster, body: api.ClusterUpdate) -> None:
 
 
 async def _scale(session: AsyncSession, *, rt: Runtime, cluster: Cluster, num_gpus: int) -> None:
-    live = await _live_nodes(session, cluster, ComputeClass.STANDARD)
+    live = await live_nodes(session, cluster, ComputeClass.STANDARD)
     want = num_gpus // GPUS_PER_NODE
     cluster.num_gpus = num_gpus
     if want > len(live):

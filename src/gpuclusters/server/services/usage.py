@@ -3,16 +3,18 @@ release) priced by ``core.pricing`` with the operator's rates."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Literal
 
-from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuclusters.core import models as api
 from gpuclusters.core.enums import ComputeClass, ProjectRole
 from gpuclusters.core.errors import ValidationError
 from gpuclusters.core.pricing import Interval, summarize
-from gpuclusters.server.db.models import UsageRecord, utcnow
+from gpuclusters.server.db.budgets import usage_intervals
+from gpuclusters.server.db.models import utcnow
 from gpuclusters.server.runtime import Runtime
 from gpuclusters.server.security.principal import Principal
 from gpuclusters.server.services.tenancy import resolve_project
@@ -28,6 +30,7 @@ async def usage_report(
     project_name: str,
     since: datetime | None,
     until: datetime | None,
+    by: Literal["user", "cluster"] | None = None,
 ) -> api.UsageReport:
     project = await resolve_project(
         session, principal=principal, name=project_name, need=ProjectRole.EDITOR
@@ -42,31 +45,24 @@ async def usage_report(
             )
     if since >= until:
         raise ValidationError("since: must be before until", field="since")
-    records = await session.scalars(
-        select(UsageRecord).where(
-            UsageRecord.project_id == project.id,
-            UsageRecord.started_at < until,
-            or_(UsageRecord.ended_at.is_(None), UsageRecord.ended_at > since),
-        )
-    )
-    sums = summarize(
-        (
-            Interval(
-                cluster=r.cluster_name,
-                compute_class=r.compute_class,
-                billing=r.billing,
-                gpu_type=r.gpu_type,
-                num_gpus=r.num_gpus,
-                started_at=r.started_at,
-                ended_at=r.ended_at,
+    end = min(until, now)
+    intervals = await usage_intervals(session, project.id, since=since, until=until)
+    rates, discounts = rt.settings.gpu_hour_rates, rt.settings.discounts
+    sums = summarize(intervals, since=since, until=end, rates=rates, discounts=discounts)
+    groups: list[api.UsageByLine] = []
+    if by is not None:
+        keyed: dict[str, list[Interval]] = defaultdict(list)
+        for iv in intervals:
+            keyed[(iv.user or "-") if by == "user" else iv.cluster].append(iv)
+        for key in sorted(keyed):
+            part = summarize(keyed[key], since=since, until=end, rates=rates, discounts=discounts)
+            groups.append(
+                api.UsageByLine(
+                    key=key,
+                    gpu_hours=round(sum(p.gpu_hours for p in part), 6),
+                    cost=round(sum(p.cost for p in part), 4),
+                )
             )
-            for r in records
-        ),
-        since=since,
-        until=min(until, now),
-        rates=rt.settings.gpu_hour_rates,
-        discounts=rt.settings.discounts,
-    )
     lines = [
         api.UsageLine(
             cluster=s.cluster,
@@ -88,4 +84,6 @@ async def usage_report(
         lines=lines,
         total_gpu_hours=round(sum(s.gpu_hours for s in sums), 6),
         total_cost=round(sum(s.cost for s in sums), 4),
+        by=by,
+        groups=groups,
     )
