@@ -48,6 +48,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_budget_alerts_project_time", "budget_alerts", ["project_id", "timestamp"])
+    with op.batch_alter_table("usage_records") as batch:
+        batch.add_column(
+            sa.Column("user_name", sa.String(length=64), nullable=False, server_default="")
+        )
 
 
 def downgrade() -> None:
