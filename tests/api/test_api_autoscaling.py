@@ -8,6 +8,7 @@ tests/slurm/test_stack_netns.py and tests/e2e/test_autoscaling.py."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -63,6 +64,16 @@ async def events(api: ApiHarness, cluster: str, reason: str) -> list[dict[str, A
     return [e for e in r.json() if e["reason"] == reason]
 
 
+async def all_running(api: ApiHarness, name: str, count: int) -> dict[str, Any]:
+    """An autoscaled cluster is ready while its new nodes boot: wait for them."""
+    for _ in range(400):
+        c = await get(api, name)
+        if [n["phase"] for n in c["nodes"]] == ["running"] * count:
+            return c
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name}: {count} running nodes expected, got {c['nodes']}")
+
+
 def live(cluster: dict[str, Any]) -> list[str]:
     return sorted(n["name"] for n in cluster["nodes"] if n["phase"] != "deleting")
 
@@ -110,7 +121,7 @@ async def test_autoscaler_follows_the_scheduler(api: ApiHarness, layer: Scripted
                                         ("g-as4", "on"), pending=("7",)))  # fmt: skip
     await autoscale_pass(rt)
     await autoscale_pass(rt)  # the same view again: nothing more
-    grown = await api.wait_cluster("g", {"ready"})
+    grown = await all_running(api, "g", 3)
     assert grown["num_gpus"] == 24 and len(live(grown)) == 3
     ups = await events(api, "g", "ScaledUp")
     assert len(ups) == 2 and all("pending job(s) 7" in e["message"] for e in ups)
