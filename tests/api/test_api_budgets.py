@@ -16,6 +16,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import update
 
@@ -124,6 +125,14 @@ async def test_thresholds_then_pause_then_stop_then_resume(
     scale = await api.client.patch(f"{P}/clusters/b", json={"num_gpus": 16})
     assert scale.status_code == 409 and "budget is spent" in scale.json()["message"]
     assert len((await api.client.get(f"{P}/clusters")).json()) == 1
+    # The console's pages carry the banner.
+    async with httpx.AsyncClient(
+        transport=api.client._transport, base_url=str(api.client.base_url)
+    ) as browser:
+        assert (await browser.post("/login", data={"api_key": api.admin_key})).status_code == 303
+        for page in ("/", "/projects/default/clusters/b"):
+            html = (await browser.get(page)).text
+            assert "budget-banner" in html and "Policy pause in force" in html, page
 
     # The policy becomes stop: nodes go, the cluster waits suspended, the
     # volume stays.

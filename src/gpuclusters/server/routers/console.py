@@ -46,6 +46,7 @@ from gpuclusters.server.audit_log import remember_principal
 from gpuclusters.server.deps import RuntimeDep, SessionDep
 from gpuclusters.server.errors import validation_error
 from gpuclusters.server.services import (
+    budgets,
     capacity,
     catalog,
     clusters,
@@ -225,6 +226,7 @@ async def overview(
     request: Request,
     session: SessionDep,
     who: SignedInDep,
+    rt: RuntimeDep,
     project: Annotated[str | None, Query(max_length=64)] = None,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> HTMLResponse:
@@ -263,10 +265,14 @@ async def overview(
         ).items:
             events.append((p.name, e))
     events.sort(key=lambda pe: pe[1].timestamp, reverse=True)
+    shown = [p.name for p in projects if p.role in (ProjectRole.ADMIN, ProjectRole.EDITOR)]
     return _page(
         request,
         "overview.html",
         who,
+        budget_banners=await budgets.banners(
+            session, rt=rt, principal=who.principal, projects=shown
+        ),
         projects=projects,
         clusters=rows,
         more=more,
@@ -324,6 +330,9 @@ async def cluster_page(
         request,
         "cluster.html",
         who,
+        budget_banners=await budgets.banners(
+            session, rt=rt, principal=who.principal, projects=[project]
+        ),
         project=project,
         cluster=view,
         events=events.items,

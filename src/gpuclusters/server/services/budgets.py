@@ -124,3 +124,31 @@ async def delete_budget(
     await session.execute(delete(ProjectBudget).where(ProjectBudget.project_id == project.id))
     await session.commit()
     return await get_budget(session, rt=rt, principal=principal, project_name=project_name)
+
+
+async def banners(
+    session: AsyncSession, *, rt: Runtime, principal: Principal, projects: list[str]
+) -> list[str]:
+    """The console's banner lines: projects at 50 % of their budget or more,
+    and any whose policy holds (their own members see them)."""
+    out: list[str] = []
+    for name in projects:
+        state = await get_budget(session, rt=rt, principal=principal, project_name=name)
+        if state.budget is None or (state.percent < 50 and state.enforced is None):
+            continue
+        line = (
+            f"Project {name}: {state.percent:.0f}% of its {state.budget.kind} budget spent "
+            f"({state.spent:.2f} of {state.budget.amount:.2f} {state.currency})."
+        )
+        if state.enforced:
+            line += f" Policy {state.enforced} in force: no new nodes"
+            line += (
+                "; clusters suspended until credit returns." if state.enforced == "stop" else "."
+            )
+        elif state.grace_ends_at is not None:
+            line += (
+                f" Policy {state.budget.policy} applies at "
+                f"{state.grace_ends_at:%Y-%m-%d %H:%M} UTC."
+            )
+        out.append(line)
+    return out
