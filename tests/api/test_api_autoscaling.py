@@ -82,8 +82,14 @@ async def test_bad_ranges_are_refused_and_change_nothing(api: ApiHarness) -> Non
     cases = [
         ({"num_gpus": 0}, "num_gpus: must be at least 8 unless autoscaling is set"),
         (
-            {"num_gpus": 0, "cluster_type": "kubernetes", "autoscaling": {"max_gpus": 16}},
-            "autoscaling: only Slurm clusters",
+            {
+                "num_gpus": 0,
+                "billing_type": "reserved",
+                "reservation_start": "2027-01-01T00:00:00Z",
+                "reservation_end": "2027-01-03T00:00:00Z",
+                "autoscaling": {"max_gpus": 16},
+            },
+            "autoscaling: on-demand clusters only",
         ),
         ({"num_gpus": 8, "autoscaling": {"min_gpus": 16, "max_gpus": 8}}, "min_gpus"),
         ({"num_gpus": 24, "autoscaling": {"max_gpus": 16}}, "num_gpus: must lie within"),
@@ -210,3 +216,35 @@ async def test_update_rules(api: ApiHarness, layer: ScriptedLayer) -> None:
         f"{P}/clusters/u", json={"autoscaling": {"min_gpus": 8, "max_gpus": 8}}
     )
     assert r.status_code == 422 and "autoscaling.max_gpus: below" in r.text
+
+
+async def test_kubernetes_pods_drive_it(api: ApiHarness, layer: ScriptedLayer) -> None:
+    """Pending GPU pods add the nodes they need (less those joining); with
+    nothing pending, a node idle past idle_s goes, never below min_gpus."""
+    body = {"name": "k", "cluster_type": "kubernetes", "num_gpus": 0,
+            "autoscaling": {"min_gpus": 0, "max_gpus": 24, "idle_s": 30}}  # fmt: skip
+    r = await api.client.post(f"{P}/clusters", json=body)
+    assert r.status_code == 201, r.text
+    await api.wait_cluster("k", {"ready"})
+    pods = ScaleSignals(pending_jobs=("default/a", "default/b", "default/c"),
+                        pending_gpus=(8, 4, 4), by_pods=True)  # fmt: skip
+    layer.always("scale_signals", pods)
+    await autoscale_pass(api.runtime)
+    await autoscale_pass(api.runtime)  # the nodes join: none more for the same pods
+    c = await all_running(api, "k", 2)
+    assert c["num_gpus"] == 16
+    ups = await events(api, "k", "ScaledUp")
+    assert len(ups) == 2 and all("pending pod(s) default/a" in e["message"] for e in ups)
+    # The pods ran; nothing pending; the nodes are idle, but not yet for idle_s.
+    layer.always("scale_signals", ScaleSignals(by_pods=True))
+    await autoscale_pass(api.runtime)
+    assert (await get(api, "k"))["num_gpus"] == 16
+    # Past idle_s (the clocks moved back), both go: min_gpus is 0.
+    from gpuclusters.server.controllers import autoscaler
+
+    for node_id in list(autoscaler._IDLE_SINCE):
+        autoscaler._IDLE_SINCE[node_id] -= 31
+    await autoscale_pass(api.runtime)
+    assert (await get(api, "k"))["num_gpus"] == 0
+    downs = await events(api, "k", "ScaledDown")
+    assert len(downs) == 2 and all("idle for 30 s" in e["message"] for e in downs)

@@ -284,3 +284,57 @@ def test_grows_from_one_node_for_a_three_node_job_and_back_to_min(world: World) 
     time.sleep(IDLE_S + 10)
     assert [n["name"] for n in world.get("grow")["nodes"]] == [first]
     world.ok("clusters", "delete", "grow", "--wait", timeout=300)
+
+
+GPU_JOB = """\
+apiVersion: batch/v1
+kind: Job
+metadata: {name: two-by-eight}
+spec:
+  parallelism: 2
+  completions: 2
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: localhost/gpuclusters-base:latest
+        command: ["sh", "-c", "hostname; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"]
+        resources:
+          limits: {nvidia.com/gpu: 8}
+"""
+
+
+def test_kubernetes_job_scales_a_zero_gpu_cluster_up_and_back(world: World) -> None:
+    """A Job of 2 pods x 8 GPUs on a Kubernetes cluster at 0 GPUs: its
+    pending pods add two nodes, it runs, and the nodes go after the idle time."""
+    world.ok(
+        "clusters", "create", "kauto", "--type", "kubernetes", "--gpus", "0",
+        "--autoscale-max", "16", "--autoscale-idle", str(IDLE_S), "--wait", timeout=600,
+    )  # fmt: skip
+    kubeconfig = f"{world.laptop.home}/kauto.kubeconfig"
+    world.ok("clusters", "credentials", "kauto", "--file", kubeconfig)
+    kubectl = ["kubectl", "--kubeconfig", kubeconfig]
+    r = world.laptop.run(*kubectl, "apply", "-f", "-", stdin=GPU_JOB, timeout=120)
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    done = world.laptop.run(
+        *kubectl, "wait", "--for=condition=complete", "job/two-by-eight",
+        f"--timeout={int(GROW_WITHIN_S)}s", timeout=GROW_WITHIN_S + 30,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr, world.events("kauto"))
+    world.figures["k8s_0_to_2_job_complete_s"] = round(time.monotonic() - t0, 1)
+    grown = world.get("kauto")
+    assert grown["num_gpus"] == 16
+    logs = world.laptop.run(*kubectl, "logs", "job/two-by-eight", "--all-containers",
+                            "--prefix", timeout=60)  # fmt: skip
+    ups = [e for e in world.events("kauto") if e["reason"] == "ScaledUp"]
+    assert len(ups) == 2 and all("pending pod(s) default/two-by-eight" in e["message"] for e in ups)
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in logs.stdout, logs.stdout
+    t1 = time.monotonic()
+    world.wait_size("kauto", 0, timeout=SHRINK_WITHIN_S)
+    world.figures["k8s_job_done_to_0_gpus_s"] = round(time.monotonic() - t1, 1)
+    downs = [e for e in world.events("kauto") if e["reason"] == "ScaledDown"]
+    assert len(downs) == 2 and all(f"idle for {IDLE_S} s" in e["message"] for e in downs)
+    world.ok("clusters", "delete", "kauto", "--wait", timeout=300)

@@ -9,10 +9,13 @@ from gpuclusters.core.autoscale import (
     ScaleSignals,
     SlotState,
     decide,
+    decide_demand,
     free_slots,
+    nodes_for,
     slot_names,
 )
 from gpuclusters.core.errors import ValidationError
+from gpuclusters.layers.kubernetes.stack import pod_gpus, unschedulable_gpu_pods
 from gpuclusters.layers.slurm import config as cfg
 
 
@@ -116,3 +119,67 @@ def test_hostlist() -> None:
     assert cfg.hostlist(["a-as1", "a-as2", "a-as3"]) == "a-as[1-3]"
     assert cfg.hostlist(["a-as1"]) == "a-as1"
     assert cfg.hostlist(["a-as1", "a-as3"]) == "a-as1,a-as3"
+
+
+def test_nodes_for_pending_pods() -> None:
+    assert nodes_for([]) == 0
+    assert nodes_for([8, 8]) == 2
+    assert nodes_for([4, 4, 2, 2]) == 2
+    assert nodes_for([4, 4]) == 1
+    assert nodes_for([6, 4, 2]) == 2  # 6+2, 4
+    assert nodes_for([16, 1]) == 1  # a pod asking more than a node fits nowhere
+
+
+def test_decide_demand() -> None:
+    free = ["k-as1", "k-as2", "k-as3"]
+    d = decide_demand(pending_gpus=[8, 8], joining=0, live=0, free=free, idle_for={},
+                      idle_s=30, min_gpus=0, max_gpus=24)  # fmt: skip
+    assert d.add == ("k-as1", "k-as2")
+    # Nodes already joining for them: none more.
+    d = decide_demand(pending_gpus=[8, 8], joining=2, live=2, free=free[2:], idle_for={},
+                      idle_s=30, min_gpus=0, max_gpus=24)  # fmt: skip
+    assert d.empty
+    # max bounds it.
+    d = decide_demand(pending_gpus=[8] * 5, joining=0, live=1, free=free[1:], idle_for={},
+                      idle_s=30, min_gpus=0, max_gpus=24)  # fmt: skip
+    assert d.add == ("k-as2", "k-as3")
+    # Idle long enough goes, longest first, down to min; not while pods wait.
+    idle = {"n1": 40.0, "n2": 100.0, "n3": 10.0}
+    d = decide_demand(pending_gpus=[], joining=0, live=3, free=[], idle_for=idle,
+                      idle_s=30, min_gpus=16, max_gpus=24)  # fmt: skip
+    assert d.remove == ("n2",) and d.kept == {"n1": "the cluster stays at min_gpus (16)"}
+    assert "idle for 30 s" in d.why_removed["n2"]
+    d = decide_demand(pending_gpus=[8], joining=1, live=3, free=[], idle_for=idle,
+                      idle_s=30, min_gpus=0, max_gpus=24)  # fmt: skip
+    assert d.empty
+
+
+def test_unschedulable_gpu_pods() -> None:
+    def pod(name: str, gpus: int | None, *, reason: str = "Unschedulable",
+            node: str | None = None, init: int = 0) -> dict[str, object]:  # fmt: skip
+        res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus is not None else {}
+        spec: dict[str, object] = {"containers": [{"name": "c", "resources": res}]}
+        if init:
+            spec["initContainers"] = [
+                {"name": "i", "resources": {"requests": {"nvidia.com/gpu": init}}}
+            ]
+        if node:
+            spec["nodeName"] = node
+        return {
+            "metadata": {"name": name, "namespace": "ml", "creationTimestamp": name},
+            "spec": spec,
+            "status": {
+                "phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason}],
+            },
+        }
+
+    pods = [
+        pod("a", 8),
+        pod("b", None),  # no GPU
+        pod("c", 4, reason="SchedulerError"),
+        pod("d", 2, node="n1"),  # bound, pulling its image
+        pod("e", 1, init=4),
+    ]
+    assert unschedulable_gpu_pods(pods) == [("ml/a", 8), ("ml/e", 4)]  # type: ignore[arg-type]
+    assert pod_gpus(pod("x", 3)) == 3  # type: ignore[arg-type]

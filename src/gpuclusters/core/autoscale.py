@@ -1,5 +1,10 @@
 """Autoscaling decisions, as pure functions (docs/autoscaling.md).
 
+Two kinds of scheduler signals: Slurm's power saving says per slot what it
+wants (``decide``); Kubernetes says which pods cannot be scheduled, and the
+control plane works out the nodes they need and which nodes have been idle
+long enough (``decide_demand``).
+
 An autoscaled cluster has a fixed set of *slots*: the names its scheduler
 knows for the GPU nodes it may have (``<cluster>-as1`` .. ``-asN`` for
 ``max_gpus / 8`` nodes). Every standard node of the cluster holds one slot
@@ -49,11 +54,15 @@ class SlotState:
 
 @dataclass(frozen=True, slots=True)
 class ScaleSignals:
-    """A layer's view of its autoscaled cluster: every slot's state, and
-    what waits (for the events' reasons)."""
+    """A layer's view of its autoscaled cluster: every slot's state (Slurm),
+    or the GPUs each unschedulable pod asks for (Kubernetes), and what waits
+    (for the events' reasons)."""
 
-    slots: tuple[SlotState, ...]
+    slots: tuple[SlotState, ...] = ()
     pending_jobs: tuple[str, ...] = ()
+    # Kubernetes: the GPUs each pod that cannot be scheduled asks for.
+    pending_gpus: tuple[int, ...] = ()
+    by_pods: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,7 @@ class Decision:
     add: tuple[str, ...] = ()  # slots to give a new node
     remove: tuple[str, ...] = ()  # node names to release
     kept: Mapping[str, str] = field(default_factory=dict)  # node name -> why it stays
+    why_removed: Mapping[str, str] = field(default_factory=dict)  # node name -> why it goes
 
     @property
     def empty(self) -> bool:
@@ -103,3 +113,55 @@ def decide(
             remove.append(name)
             left -= 1
     return Decision(add=tuple(add), remove=tuple(remove), kept=kept)
+
+
+def nodes_for(pending_gpus: Sequence[int]) -> int:
+    """How many 8-GPU nodes pods asking these GPUs need (first fit,
+    largest first); a pod asking more than a node has fits nowhere."""
+    free: list[int] = []
+    for gpus in sorted((g for g in pending_gpus if 0 < g <= GPUS_PER_NODE), reverse=True):
+        for i, room in enumerate(free):
+            if room >= gpus:
+                free[i] -= gpus
+                break
+        else:
+            free.append(GPUS_PER_NODE - gpus)
+    return len(free)
+
+
+def decide_demand(
+    *,
+    pending_gpus: Sequence[int],
+    joining: int,
+    live: int,
+    free: Sequence[str],
+    idle_for: Mapping[str, float],
+    idle_s: float,
+    min_gpus: int,
+    max_gpus: int,
+) -> Decision:
+    """Kubernetes: nodes for the pods that cannot be scheduled (less those
+    already joining for them), up to ``max_gpus``; with nothing pending,
+    nodes idle (no workload pod) for ``idle_s`` go, longest idle first,
+    down to ``min_gpus``. ``live`` counts the standard nodes that stay,
+    joining ones included; ``idle_for`` maps running nodes without work
+    to how long they have been so."""
+    max_nodes = max_gpus // GPUS_PER_NODE
+    min_nodes = min_gpus // GPUS_PER_NODE
+    want = max(0, nodes_for(pending_gpus) - joining)
+    add = tuple(free[: max(0, min(want, max_nodes - live))])
+    remove: list[str] = []
+    why: dict[str, str] = {}
+    kept: dict[str, str] = {}
+    if not pending_gpus:
+        left = live
+        for name, seconds in sorted(idle_for.items(), key=lambda kv: (-kv[1], kv[0])):
+            if seconds < idle_s:
+                continue
+            if left - 1 < min_nodes:
+                kept[name] = f"the cluster stays at min_gpus ({min_gpus})"
+                continue
+            remove.append(name)
+            why[name] = f"idle for {idle_s:.0f} s: no pod but daemons ran there"
+            left -= 1
+    return Decision(add=add, remove=tuple(remove), kept=kept, why_removed=why)

@@ -680,8 +680,8 @@ class ClusterCreate(_Model):
     )
     autoscaling: AutoscalingSettings | None = Field(
         default=None,
-        description="grow and shrink the standard GPUs with the queue (Slurm clusters); "
-        "num_gpus is the size to start at",
+        description="grow and shrink the standard GPUs with the queue (Slurm's jobs, "
+        "Kubernetes' pending GPU pods); num_gpus is the size to start at",
     )
 
     _name = field_validator("name")(check_name)
@@ -747,10 +747,6 @@ def check_autoscaling(autoscaling: AutoscalingSettings | None, create: ClusterCr
                 f"got {create.num_gpus}"
             )
         return
-    if create.cluster_type is not ClusterType.SLURM:
-        raise ValueError(
-            "autoscaling: only Slurm clusters autoscale in this version (docs/autoscaling.md)"
-        )
     if create.num_preemptible_gpus:
         raise ValueError(
             "autoscaling: not with num_preemptible_gpus (the preemptible pool has its own target)"

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpuclusters.builds import status as build_status
 from gpuclusters.core import kubeconfig
+from gpuclusters.core.autoscale import ScaleSignals
 from gpuclusters.core.builds import CLUSTER_ADDONS, still_building, waiting_message
 from gpuclusters.core.errors import InvalidStateError
 from gpuclusters.core.nodeshell import CommandResult, NodeAccess, NodeShell
@@ -345,6 +346,23 @@ class KubernetesLayer(ClusterLayer):
             return await shell.run(argv, check=False, timeout_s=timeout_s)
 
         return await exclusive.run_exclusive(api, node.name, run, timeout_s=timeout_s)
+
+    async def scale_signals(self, cluster: ClusterRef) -> ScaleSignals | None:
+        """The GPU pods the scheduler cannot place (docs/autoscaling.md):
+        the control plane adds nodes for them, and releases nodes idle past
+        the cluster's idle time."""
+        if cluster.autoscale is None:
+            return None
+        api = await self._cluster_api(cluster)
+        if api is None:
+            return None
+        pods = await api.list_items("/api/v1/pods", fieldSelector="status.phase=Pending")
+        waiting = stack.unschedulable_gpu_pods(pods)
+        return ScaleSignals(
+            pending_jobs=tuple(name for name, _ in waiting),
+            pending_gpus=tuple(gpus for _, gpus in waiting),
+            by_pods=True,
+        )
 
     async def running_work(self, cluster: ClusterRef, node: NodeRef) -> int:
         api = await self._cluster_api(cluster)

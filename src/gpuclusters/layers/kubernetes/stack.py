@@ -731,3 +731,46 @@ async def stop_node(node: NodeShell) -> None:
 async def delete_node_object(api: KubeAPI, name: str) -> None:
     await api.delete(f"/api/v1/nodes/{name}")
     await api.delete(f"/api/v1/persistentvolumes/{cfg.local_pv_name(name)}")
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def pod_gpus(pod: dict[str, Any]) -> int:
+    """The GPUs a pod asks for: the larger of its containers' sum and its
+    largest init container (the scheduler's rule for a pod's request)."""
+
+    def ask(c: dict[str, Any]) -> int:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(
+            GPU_RESOURCE
+        )
+        try:
+            return int(value or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    spec = pod.get("spec") or {}
+    main = sum(ask(c) for c in spec.get("containers") or [])
+    init = max((ask(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+def unschedulable_gpu_pods(pods: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """Pending pods the scheduler found no node for that ask for GPUs:
+    (namespace/name, GPUs), oldest first."""
+    out = []
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending" or (pod.get("spec") or {}).get("nodeName"):
+            continue
+        scheduled = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None
+        )
+        if scheduled is None or scheduled.get("reason") != "Unschedulable":
+            continue
+        gpus = pod_gpus(pod)
+        if gpus > 0:
+            meta = pod["metadata"]
+            out.append((f"{meta.get('namespace', 'default')}/{meta['name']}", gpus))
+    return out

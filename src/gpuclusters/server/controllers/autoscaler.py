@@ -32,11 +32,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuclusters.core.autoscale import Decision, ScaleSignals, decide
+from gpuclusters.core.autoscale import (
+    DEFAULT_IDLE_S,
+    Decision,
+    ScaleSignals,
+    decide,
+    decide_demand,
+    free_slots,
+)
 from gpuclusters.core.enums import (
     GPUS_PER_NODE,
     ClusterStatus,
@@ -50,6 +58,7 @@ from gpuclusters.core.errors import (
     QuotaExceededError,
 )
 from gpuclusters.core.quotas import Amounts
+from gpuclusters.layers.base import ClusterLayer, ClusterRef, NodeRef
 from gpuclusters.server.controllers import hints, leases
 from gpuclusters.server.controllers.refs import cluster_ref, node_ref, work_probe
 from gpuclusters.server.db.allocation import allocate_nodes, placement_guard
@@ -126,6 +135,31 @@ async def autoscale_cluster(rt: Runtime, cluster_id: str) -> Decision | None:
     signals = await layer.scale_signals(cref)
     if signals is None:
         return None
+    if signals.by_pods:
+        decision = await _decide_by_pods(
+            layer, cref, refs, nodes, signals, min_gpus=min_gpus, max_gpus=max_gpus
+        )
+    else:
+        decision = await _decide_by_slots(
+            layer, cref, refs, nodes, signals, min_gpus=min_gpus, max_gpus=max_gpus
+        )
+    if decision.empty and not decision.kept:
+        return decision
+    await _apply(rt, cluster_id, decision, signals)
+    return decision
+
+
+async def _decide_by_slots(
+    layer: ClusterLayer,
+    cref: ClusterRef,
+    refs: dict[str, NodeRef],
+    nodes: list[Node],
+    signals: ScaleSignals,
+    *,
+    min_gpus: int,
+    max_gpus: int,
+) -> Decision:
+    """Slurm: follow each slot's power state."""
     staying = {n.slot: n.name for n in nodes if n.slot and not n.to_delete}
     released = {s.name for s in signals.slots if s.released and not s.wants_up}
     # Slurm's view first; the layer's count (pods too) for the nodes it
@@ -138,7 +172,7 @@ async def autoscale_cluster(rt: Runtime, cluster_id: str) -> Decision | None:
         and n.phase == NodePhase.RUNNING.value
         and await layer.running_work(cref, refs[n.name]) > 0
     ]
-    decision = decide(
+    return decide(
         signals,
         staying,
         held={n.slot for n in nodes if n.slot},
@@ -146,10 +180,49 @@ async def autoscale_cluster(rt: Runtime, cluster_id: str) -> Decision | None:
         max_gpus=max_gpus,
         busy_nodes=busy,
     )
-    if decision.empty and not decision.kept:
-        return decision
-    await _apply(rt, cluster_id, decision, signals)
-    return decision
+
+
+# When each running node of a pod-driven cluster was first seen without
+# work, by node id. In memory: a restarted server starts the idle clocks
+# again, which only ever keeps a node longer.
+_IDLE_SINCE: dict[str, float] = {}
+
+
+async def _decide_by_pods(
+    layer: ClusterLayer,
+    cref: ClusterRef,
+    refs: dict[str, NodeRef],
+    nodes: list[Node],
+    signals: ScaleSignals,
+    *,
+    min_gpus: int,
+    max_gpus: int,
+) -> Decision:
+    """Kubernetes: nodes for the pods that cannot be scheduled, and the
+    release of nodes idle past the cluster's idle time."""
+    now = time.monotonic()
+    staying = [n for n in nodes if not n.to_delete]
+    running = [n for n in staying if n.phase == NodePhase.RUNNING.value]
+    joining = [n for n in staying if n.phase not in (NodePhase.RUNNING.value, "failed")]
+    idle_for: dict[str, float] = {}
+    for n in running:
+        if await layer.running_work(cref, refs[n.name]) > 0:
+            _IDLE_SINCE.pop(n.id, None)
+        else:
+            idle_for[n.name] = now - _IDLE_SINCE.setdefault(n.id, now)
+    for gone in set(_IDLE_SINCE) - {n.id for n in nodes}:
+        del _IDLE_SINCE[gone]
+    all_slots = cref.autoscale.slots if cref.autoscale else ()
+    return decide_demand(
+        pending_gpus=signals.pending_gpus,
+        joining=len(joining),
+        live=len(staying),
+        free=free_slots(all_slots, (n.slot for n in nodes), len(all_slots)),
+        idle_for=idle_for,
+        idle_s=cref.autoscale.idle_s if cref.autoscale else DEFAULT_IDLE_S,
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+    )
 
 
 async def _standard_nodes(session: AsyncSession, cluster_id: str) -> list[Node]:
@@ -169,7 +242,8 @@ def _waiting(signals: ScaleSignals) -> str:
         return "waiting work"
     shown = ", ".join(signals.pending_jobs[:5])
     more = f" and {len(signals.pending_jobs) - 5} more" if len(signals.pending_jobs) > 5 else ""
-    return f"pending job(s) {shown}{more}"
+    what = "pod(s)" if signals.by_pods else "job(s)"
+    return f"pending {what} {shown}{more}"
 
 
 async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: ScaleSignals) -> None:
@@ -205,7 +279,8 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
                     cluster,
                     slot,
                     EventReason.SCALE_UP_BLOCKED,
-                    f"Slurm asked for {slot} ({why}); not added: {exc.message}",
+                    f"{'a node' if signals.by_pods else 'Slurm asked'} for {slot} ({why}); "
+                    f"not added: {exc.message}",
                 )
                 continue
             cluster.num_gpus += GPUS_PER_NODE
@@ -225,13 +300,15 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
             node = leaving
             node.to_delete, node.delete_reason = True, DELETE_REASON
             cluster.num_gpus = max(0, cluster.num_gpus - GPUS_PER_NODE)
+            why = decision.why_removed.get(
+                name, f"idle for {cluster.autoscale_idle_s} s: Slurm powered it down"
+            )
             await record_event(
                 session,
                 node,
                 EventReason.SCALED_DOWN,
-                f"node {name} ({node.slot}) idle for {cluster.autoscale_idle_s} s: Slurm "
-                f"powered it down; released, scaled to {cluster.num_gpus} GPUs "
-                f"(min {cluster.autoscale_min_gpus or 0})",
+                f"node {name} ({node.slot}) {why}; released, scaled to {cluster.num_gpus} "
+                f"GPUs (min {cluster.autoscale_min_gpus or 0})",
             )
         for name, why in decision.kept.items():
             kept = by_name.get(name)
@@ -240,7 +317,7 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
                     session,
                     kept,
                     EventReason.SCALE_DOWN_DEFERRED,
-                    f"node {name} ({kept.slot}) is idle past its time in Slurm but stays: {why}",
+                    f"node {name} ({kept.slot}) is idle past its time but stays: {why}",
                 )
         await session.commit()
     rt.hints.notify_rows(hints.CLUSTERS, [cluster_id])
