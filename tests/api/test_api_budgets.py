@@ -30,7 +30,8 @@ H100_GPU_HOUR = 2.99  # core/pricing.py's list price
 
 @pytest.fixture
 def settings_overrides() -> dict[str, Any]:
-    return {"budget_grace_s": 0}
+    # The test runs every budget pass itself (housekeeping's would race it).
+    return {"budget_grace_s": 0, "housekeeping_interval_s": 3600}
 
 
 @pytest.fixture

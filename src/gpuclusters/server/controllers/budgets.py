@@ -20,7 +20,6 @@ deleted but nodes, and no volume is touched.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -82,7 +81,9 @@ async def enforce_budgets(rt: Runtime) -> list[str]:
     for project_id in ids:
         notices = await _one(rt, project_id)
         messages += [str(n.body["message"]) for n in notices]
-        await asyncio.gather(*(_post(n) for n in notices if n.url))
+        for n in notices:  # in order: a receiver sees 80 % before 100 %
+            if n.url:
+                await _post(n)
     return messages
 
 
