@@ -23,7 +23,8 @@ class ClusterStatus(StrEnum):
     -> running_acceptance_tests -> ready <-> degraded; any -> deleting -> deleted;
     failed when the cluster cannot become ready. waiting_for_control_plane <->
     waiting_for_build while a part the control plane runs is still being
-    built by scripts/setup's background builder (core/builds.py).
+    built by scripts/setup's background builder (core/builds.py). ready ->
+    suspended -> queued when a project's budget stops it and credit returns.
     """
 
     QUEUED = "queued"
