@@ -34,6 +34,7 @@ _WARN = frozenset(
     {
         ClusterStatus.DEGRADED,
         ClusterStatus.PAUSED,
+        ClusterStatus.SUSPENDED,
         ClusterStatus.DELETING,
         NodePhase.DRAINING,
         NodePhase.RELEASING,

@@ -152,16 +152,14 @@ def decide_demand(
     add = tuple(free[: max(0, min(want, max_nodes - live))])
     remove: list[str] = []
     why: dict[str, str] = {}
-    kept: dict[str, str] = {}
     if not pending_gpus:
         left = live
         for name, seconds in sorted(idle_for.items(), key=lambda kv: (-kv[1], kv[0])):
             if seconds < idle_s:
                 continue
             if left - 1 < min_nodes:
-                kept[name] = f"the cluster stays at min_gpus ({min_gpus})"
-                continue
+                break  # min_gpus: the rest stay (no event: this is the steady state)
             remove.append(name)
             why[name] = f"idle for {idle_s:.0f} s: no pod but daemons ran there"
             left -= 1
-    return Decision(add=add, remove=tuple(remove), kept=kept, why_removed=why)
+    return Decision(add=add, remove=tuple(remove), why_removed=why)

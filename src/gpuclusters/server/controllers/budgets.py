@@ -191,7 +191,7 @@ async def _one(rt: Runtime, project_id: str) -> list[Notice]:
                 )
             )
         await session.commit()
-    if budget.enforced != was or notices:
+    if want != was or notices:
         rt.hints.notify(hints.CLUSTERS, hints.NODES)
     for n in notices:
         log.info("%s", n.body["message"])
