@@ -195,6 +195,12 @@ async def test_update_rules(api: ApiHarness, layer: ScriptedLayer) -> None:
     await api.wait_cluster("u", {"ready"})
     for name, change, message in (
         ("u", {"num_gpus": 16}, "num_gpus: an autoscaled cluster's size follows its queue"),
+        (
+            "u",
+            {"num_gpus": 16, "autoscaling": {"max_gpus": 16}},
+            "num_gpus: an autoscaled cluster's size follows its queue",
+        ),
+        ("u", {"num_preemptible_gpus": 8}, "num_preemptible_gpus: not on an autoscaled"),
         ("u", {"autoscaling": {"max_gpus": 8, "min_gpus": 8}}, None),
         ("f", {"autoscaling": {"max_gpus": 16}}, "autoscaling: set it when the cluster"),
     ):

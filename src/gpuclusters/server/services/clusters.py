@@ -373,6 +373,19 @@ async def update_cluster(
         cluster = await _get_live(session, project, name)
         if cluster.status in (ClusterStatus.DELETING.value, ClusterStatus.DELETED.value):
             raise InvalidStateError(f"cluster {name!r} is being deleted", field="name")
+        if cluster.autoscale_max_gpus is not None:
+            if body.num_gpus is not None:
+                raise ValidationError(
+                    "num_gpus: an autoscaled cluster's size follows its queue; change "
+                    "autoscaling.min_gpus or max_gpus instead",
+                    field="num_gpus",
+                )
+            if body.num_preemptible_gpus:
+                raise ValidationError(
+                    "num_preemptible_gpus: not on an autoscaled cluster (the preemptible "
+                    "pool has its own target)",
+                    field="num_preemptible_gpus",
+                )
         target = body.num_gpus if body.num_gpus is not None else cluster.num_gpus
         if body.autoscaling is not None:
             target = max(cluster.num_gpus, body.autoscaling.min_gpus)
@@ -409,12 +422,6 @@ async def update_cluster(
             cluster.config_generation += 1
         if body.autoscaling is not None:
             await _set_autoscaling(session, rt=rt, cluster=cluster, settings=body.autoscaling)
-        elif body.num_gpus is not None and cluster.autoscale_max_gpus is not None:
-            raise ValidationError(
-                "num_gpus: an autoscaled cluster's size follows its queue; change "
-                "autoscaling.min_gpus or max_gpus instead",
-                field="num_gpus",
-            )
         if body.num_gpus is not None and body.num_gpus != cluster.num_gpus:
             if cluster.nodes_placed:
                 await _scale(session, rt=rt, cluster=cluster, num_gpus=body.num_gpus)
