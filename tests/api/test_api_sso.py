@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from sqlalchemy import select, update
 
+from gpuclusters.server.controllers.sso_sessions import recheck_sessions
+from gpuclusters.server.db.models import SsoSession, utcnow
 from gpuclusters.server.security.oidc import OidcClient, OidcError
 from support.api import ApiHarness
 from support.dex import DEX_BIN, Dex, DexUser, sign_in_browser, sign_in_device
@@ -127,6 +131,28 @@ async def test_device_sign_in_gives_the_groups_roles(api: ApiHarness, dex: Dex) 
     log = (await api.client.get("/v1/audit", params={"user": "alice"})).json()
     assert [e["action"] for e in log].count("poll_device") == 2
     assert log[0]["action"] == "logout"
+
+
+async def test_a_second_sign_in_supersedes_the_first_without_a_lockout(
+    api: ApiHarness, dex: Dex
+) -> None:
+    """Dex keeps one refresh token per user and client: a second sign-in
+    (the console, after the CLI) makes the first session's token stale.
+    Its recheck then ends that session only; the user, vouched for by the
+    newer session, keeps working. (Seen in CI: a recheck between two
+    sign-ins locked the user out.)"""
+    first = await _device_sign_in(api, "alice")
+    second = await _device_sign_in(api, "alice")
+    async with api.runtime.sessionmaker() as s:
+        await s.execute(update(SsoSession).values(checked_at=utcnow() - timedelta(hours=1)))
+        await s.commit()
+    await recheck_sessions(api.runtime)
+    assert (await _whoami(api, first["key"])).status_code == 401
+    me = await _whoami(api, second["key"])
+    assert me.status_code == 200 and me.json()["projects"] == {"default": "editor"}
+    async with api.runtime.sessionmaker() as s:
+        ended = list(await s.scalars(select(SsoSession).where(SsoSession.ended_at.is_not(None))))
+    assert len(ended) == 1 and "refused" in ended[0].end_reason
 
 
 async def test_leaving_a_group_takes_the_role_and_a_dropped_user_is_locked_out(

@@ -154,6 +154,7 @@ async def _recheck_one(rt: Runtime, oidc: OidcClient, session_id: str) -> bool:
             await session.commit()
             return True
         refresh_token, user_id = row.refresh_token, row.user_id
+    tokens = None
     try:
         tokens = await oidc.refresh(refresh_token)
         refused = None
@@ -164,21 +165,46 @@ async def _recheck_one(rt: Runtime, oidc: OidcClient, session_id: str) -> bool:
         refused = f"the identity provider refused: {exc}"
     except OidcError as exc:
         refused = f"the identity provider's answer: {exc}"
+    other: str | None = None
+    changed = False
     async with rt.sessionmaker() as session:
         row = await session.get(SsoSession, session_id)
         if row is None or row.ended_at is not None or row.refresh_token != refresh_token:
             return True  # ended, or rechecked by someone else, meanwhile
         user = await session.get_one(User, user_id)
         if refused is not None:
-            await lock_out(session, rt, user, refused)
-            return True
-        if str(tokens.claims.get("sub")) != user.sso_subject:
-            await lock_out(session, rt, user, "the identity provider answered for someone else")
-            return True
-        row.refresh_token = tokens.refresh_token or row.refresh_token
-        row.checked_at = utcnow()
-        changed = await apply_grants(session, rt, user, grants_from_claims(rt, tokens.claims))
-        await session.commit()
+            # A provider may keep one refresh token per user and client
+            # (Dex does): the user's newer sign-in supersedes this
+            # session's. So a refusal ends this session; whether the user
+            # is still vouched for is the newest other session's answer,
+            # and with none left the user is locked out.
+            other = await session.scalar(
+                select(SsoSession.id)
+                .where(
+                    SsoSession.user_id == user_id,
+                    SsoSession.ended_at.is_(None),
+                    SsoSession.id != session_id,
+                )
+                .order_by(SsoSession.created_at.desc())
+                .limit(1)
+            )
+            if other is None:
+                await lock_out(session, rt, user, refused)
+                return True
+            await end_session(session, row, refused, utcnow())
+            await session.commit()
+        else:
+            assert tokens is not None
+            if str(tokens.claims.get("sub")) != user.sso_subject:
+                await lock_out(session, rt, user, "the identity provider answered for someone else")
+                return True
+            row.refresh_token = tokens.refresh_token or row.refresh_token
+            row.checked_at = utcnow()
+            changed = await apply_grants(session, rt, user, grants_from_claims(rt, tokens.claims))
+            await session.commit()
+    if other is not None:
+        log.info("single sign-on: a session of %s ended: %s", user.name, refused)
+        return await _recheck_one(rt, oidc, other)
     if changed:
         rt.hints.notify(hints.ACCESS)
         log.info("single sign-on: %s's roles changed at the identity provider", user.name)
