@@ -181,6 +181,34 @@ def _show(output: OutputFormat, cluster: Cluster) -> None:
     emit(output, cluster, render=lambda: cluster_detail(cluster))
 
 
+# Autoscaling's options, on create (--autoscale-max turns it on) and
+# configure (a new range for an autoscaled cluster): docs/autoscaling.md.
+AutoscaleMinOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--autoscale-min",
+        help="autoscaling: fewest standard GPUs (on create, default --gpus)",
+        show_default=False,
+    ),
+]
+AutoscaleMaxOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--autoscale-max",
+        help="autoscaling: most standard GPUs (on create, turns autoscaling on)",
+        show_default=False,
+    ),
+]
+AutoscaleIdleOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--autoscale-idle",
+        help="autoscaling: seconds a node stays idle before it is released (default 600)",
+        show_default=False,
+    ),
+]
+
+
 @app.command("create")
 @api_command
 def create(
@@ -242,30 +270,9 @@ def create(
         ),
     ] = True,
     wait: Annotated[bool, typer.Option("--wait", help="wait until ready (or failed)")] = False,
-    autoscale_min: Annotated[
-        int | None,
-        typer.Option(
-            "--autoscale-min",
-            help="autoscaling: fewest standard GPUs (default: --gpus)",
-            show_default=False,
-        ),
-    ] = None,
-    autoscale_max: Annotated[
-        int | None,
-        typer.Option(
-            "--autoscale-max",
-            help="autoscaling: most standard GPUs; turns autoscaling on (Slurm clusters)",
-            show_default=False,
-        ),
-    ] = None,
-    autoscale_idle: Annotated[
-        int | None,
-        typer.Option(
-            "--autoscale-idle",
-            help="autoscaling: seconds a node stays idle before it is released (default 600)",
-            show_default=False,
-        ),
-    ] = None,
+    autoscale_min: AutoscaleMinOpt = None,
+    autoscale_max: AutoscaleMaxOpt = None,
+    autoscale_idle: AutoscaleIdleOpt = None,
     wait_timeout: WaitTimeoutOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
@@ -581,30 +588,9 @@ def configure(
             show_default=False,
         ),
     ] = None,
-    autoscale_min: Annotated[
-        int | None,
-        typer.Option(
-            "--autoscale-min",
-            help="autoscaling: fewest standard GPUs ",
-            show_default=False,
-        ),
-    ] = None,
-    autoscale_max: Annotated[
-        int | None,
-        typer.Option(
-            "--autoscale-max",
-            help="autoscaling: most standard GPUs",
-            show_default=False,
-        ),
-    ] = None,
-    autoscale_idle: Annotated[
-        int | None,
-        typer.Option(
-            "--autoscale-idle",
-            help="autoscaling: seconds a node stays idle before it is released",
-            show_default=False,
-        ),
-    ] = None,
+    autoscale_min: AutoscaleMinOpt = None,
+    autoscale_max: AutoscaleMaxOpt = None,
+    autoscale_idle: AutoscaleIdleOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:

@@ -30,7 +30,6 @@ in between is not added twice).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -324,27 +323,12 @@ async def _apply(rt: Runtime, cluster_id: str, decision: Decision, signals: Scal
     rt.hints.notify(hints.NODES)
 
 
-async def _hold_lease(rt: Runtime, owner: str) -> bool:
-    ttl = 2 * rt.settings.autoscale_interval_s + rt.settings.lease_ttl_s
-    try:
-        async with rt.sessionmaker() as session:
-            return await leases.hold_named(session, AUTOSCALER_LEASE, owner=owner, ttl_s=ttl)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("autoscaler: could not take its lease")
-        return False
-
-
 async def run_autoscaler(rt: Runtime) -> None:
     """Loop until cancelled while holding the autoscaler lease."""
-    owner = leases.make_owner()
-    try:
-        while True:
-            if await _hold_lease(rt, owner):
-                await autoscale_pass(rt)
-            await asyncio.sleep(rt.settings.autoscale_interval_s)
-    finally:
-        with contextlib.suppress(Exception):
-            async with rt.sessionmaker() as session:
-                await leases.release_named(session, AUTOSCALER_LEASE, owner=owner)
+    await leases.run_singleton(
+        rt.sessionmaker,
+        AUTOSCALER_LEASE,
+        interval_s=rt.settings.autoscale_interval_s,
+        ttl_s=2 * rt.settings.autoscale_interval_s + rt.settings.lease_ttl_s,
+        work=lambda: autoscale_pass(rt),
+    )

@@ -28,7 +28,6 @@ provider for one listing per pass, not one call per node.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import timedelta
 
@@ -162,31 +161,16 @@ async def sweep_unreachable_hosts(rt: Runtime) -> list[str]:
 HOUSEKEEPING_LEASE = "housekeeping"
 
 
-async def _hold_lease(rt: Runtime, owner: str) -> bool:
-    ttl = 2 * rt.settings.housekeeping_interval_s + rt.settings.lease_ttl_s
-    try:
-        async with rt.sessionmaker() as session:
-            return await leases.hold_named(session, HOUSEKEEPING_LEASE, owner=owner, ttl_s=ttl)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("housekeeping: could not take its lease")
-        return False
-
-
 async def run_housekeeping(rt: Runtime) -> None:
     """Loop forever (until cancelled) while holding the housekeeping lease;
     one failing chore does not stop the others."""
-    owner = leases.make_owner()
-    try:
-        while True:
-            if await _hold_lease(rt, owner):
-                await _chores(rt)
-            await asyncio.sleep(rt.settings.housekeeping_interval_s)
-    finally:
-        with contextlib.suppress(Exception):
-            async with rt.sessionmaker() as session:
-                await leases.release_named(session, HOUSEKEEPING_LEASE, owner=owner)
+    await leases.run_singleton(
+        rt.sessionmaker,
+        HOUSEKEEPING_LEASE,
+        interval_s=rt.settings.housekeeping_interval_s,
+        ttl_s=2 * rt.settings.housekeeping_interval_s + rt.settings.lease_ttl_s,
+        work=lambda: _chores(rt),
+    )
 
 
 async def _chores(rt: Runtime) -> None:

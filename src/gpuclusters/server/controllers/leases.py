@@ -25,16 +25,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuclusters.server.db.models import (
     Cluster,
@@ -45,6 +48,8 @@ from gpuclusters.server.db.models import (
     Volume,
     utcnow,
 )
+
+log = logging.getLogger(__name__)
 
 Row = TypeVar("Row", Cluster, Node, Volume, Remediation, HealthRun)
 LeasedModel = type[Cluster] | type[Node] | type[Volume] | type[Remediation] | type[HealthRun]
@@ -273,6 +278,38 @@ async def release_named(session: AsyncSession, name: str, *, owner: str) -> None
         .execution_options(synchronize_session=False)
     )
     await session.commit()
+
+
+async def run_singleton(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    name: str,
+    *,
+    interval_s: float,
+    ttl_s: float,
+    work: Callable[[], Awaitable[object]],
+) -> None:
+    """Loop until cancelled: ``work`` every ``interval_s`` while this
+    process holds the named lease (one replica does it; when it dies the
+    lease expires and another takes over), which it gives back when
+    cancelled. A failure to take the lease skips that round."""
+    owner = make_owner()
+    try:
+        while True:
+            try:
+                async with sessionmaker() as session:
+                    held = await hold_named(session, name, owner=owner, ttl_s=ttl_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: could not take its lease", name)
+                held = False
+            if held:
+                await work()
+            await asyncio.sleep(interval_s)
+    finally:
+        with contextlib.suppress(Exception):
+            async with sessionmaker() as session:
+                await release_named(session, name, owner=owner)
 
 
 def _pid_alive(pid: int) -> bool:
