@@ -270,9 +270,7 @@ async def overview(
         request,
         "overview.html",
         who,
-        budget_banners=await budgets.banners(
-            session, rt=rt, principal=who.principal, projects=shown
-        ),
+        budget_banners=await _budget_banners(request, session, rt, who, shown),
         projects=projects,
         clusters=rows,
         more=more,
@@ -281,6 +279,16 @@ async def overview(
         here="/?" + urlencode({"project": project, "cursor": cursor or ""}) if project else "/",
         events=events[:RECENT_EVENTS],
     )
+
+
+async def _budget_banners(
+    request: Request, session: SessionDep, rt: RuntimeDep, who: SignedIn, projects: list[str]
+) -> list[str]:
+    """The budget banner sits outside the part a live page polls for (every
+    2 s, ``hx-select``): only a full page load pays for the spending query."""
+    if request.headers.get("hx-request"):
+        return []
+    return await budgets.banners(session, rt=rt, principal=who.principal, projects=projects)
 
 
 def _gone(request: Request, who: SignedIn, what: str) -> Response:
@@ -330,9 +338,7 @@ async def cluster_page(
         request,
         "cluster.html",
         who,
-        budget_banners=await budgets.banners(
-            session, rt=rt, principal=who.principal, projects=[project]
-        ),
+        budget_banners=await _budget_banners(request, session, rt, who, [project]),
         project=project,
         cluster=view,
         events=events.items,
